@@ -868,7 +868,10 @@ def _draw_metric(ax, sweep: Sweep, rows: list[dict], spec: dict) -> None:
         else:
             ax.errorbar(pos, mean, yerr=std, marker="o", ms=4, capsize=3, label=label)
     ax.set_xticks(pos)
-    ax.set_xticklabels(["/".join(_fmt(v) for v in x) for x in xs])
+    ticks = ["/".join(_fmt(v) for v in x) for x in xs]
+    tilt = sum(len(t) for t in ticks) > 60  # long labels (e.g. mapping values) would overlap
+    ax.set_xticklabels(ticks, rotation=20 if tilt else 0, ha="right" if tilt else "center",
+                       fontsize=8 if tilt else None)
     ax.set_xlabel(_dim_label(sweep, xkey))
 
 

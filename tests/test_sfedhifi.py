@@ -148,8 +148,8 @@ def test_local_objective_is_tet_plus_lambda_times_orthogonality(tiny_cfg):
     out = (torch.rand(3, 4, 5) < 0.5).float()  # (N, K, T) output spikes
     y = torch.tensor([0, 3, 1])
     tet = np.mean([float(F.cross_entropy(2.0 * out[..., t], y)) for t in range(5)])
-    expected = tet + 0.5 * float(orthogonality_penalty(model))
-    assert float(client.loss(model, out, y, None)) == pytest.approx(expected, rel=1e-6)
+    expected = tet + 0.5 * float(orthogonality_penalty(model).detach())
+    assert float(client.loss(model, out, y, None).detach()) == pytest.approx(expected, rel=1e-6)
 
 
 # ----------------------------------------------------------------------------- aggregation
