@@ -65,13 +65,28 @@ def assert_round_trip(model, spikes, path, seed=7):
 # ----------------------------------------------------------------------------- round trips
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn", "vgg5",
-                                  pytest.param("svgg9", marks=pytest.mark.slow)])
-def test_zoo_model_runs_spike_for_spike_in_lava(name, tmp_path):
-    model = tiny_model(name)
+@pytest.mark.parametrize("name, width", [("mlp", 1.0), ("cnn", 1.0), ("vgg5", 0.25), ("vgg5", 1.0),
+                                         pytest.param("svgg9", 0.25, marks=pytest.mark.slow),
+                                         pytest.param("svgg9", 1.0, marks=pytest.mark.slow)])
+def test_zoo_model_runs_spike_for_spike_in_lava(name, width, tmp_path):
+    model = tiny_model(name, width=width)
     t = 32 if name == "svgg9" else 12  # its 12 layers need more steps than that to reach the output
     # three samples back to back: the second and third start right after a busy one
     assert_round_trip(model, random_spikes(3, data_cfg={**RATE, "timesteps": t}), tmp_path / f"{name}.net")
+
+
+@pytest.mark.parametrize("channels", [128, 131])  # 128: Lava holds groups as int8; 131: prime
+def test_pool_over_more_than_127_channels_runs_spike_for_spike(channels, tmp_path):
+    # Lava's CPU conv keeps `groups` in an int8: a depthwise pool over 128 channels
+    # (vgg5 and hifi_cnn at width 1) went silent until pools were written with fewer groups
+    torch.manual_seed(0)
+    layers = resolve([Layer("conv", channels, 3, padding=1), Layer("pool", kernel=2, stride=2),
+                      Layer("flatten"), Layer("dense", 10)], (1, 4, 4))
+    model = SpikingNet(layers, {**DEFAULTS["model"], "name": "wide", "threshold": 0.5}).eval()
+    assert_round_trip(model, random_spikes(2, shape=(1, 4, 4)), tmp_path / "wide.net")
+    with h5py.File(tmp_path / "wide.net", "r") as h:
+        groups = int(h["layer/2/groups"][()])
+    assert groups <= 127 and channels % groups == 0
 
 
 def test_weight_norm_model_round_trips_and_export_leaves_it_intact(tmp_path):

@@ -2,8 +2,9 @@
 
 The file is written by the SLAYER blocks' own ``export_hdf5``, with two additions
 netx needs: an ``input`` entry carrying the input shape (netx cannot infer it for a
-first conv layer), and pool blocks written as depthwise convolutions (netx has no
-pool; ``groups = channels`` with the pool weight repeated per channel is exact).
+first conv layer), and pool blocks written as grouped convolutions (netx has no
+pool; a conv in which each output channel sees only its own input channel through
+the pool weight is exact).
 ``export_hdf5`` disables weight norm on the block it writes, so the export works on
 a fresh copy of the model (built anew and loaded with ``load_state_dict``: SLAYER
 blocks cannot be deep-copied after a forward pass). Root attributes record what
@@ -80,9 +81,32 @@ def fresh_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.eval()
 
 
+# Lava's CPU conv model stores ``groups`` as int8 (lava.proc.conv.models, lava-nc
+# 0.10): 128 groups wrap to -128 and the layer goes silent without an error.
+MAX_LAVA_GROUPS = 127
+
+
+def pool_groups(channels: int) -> int:
+    """Conv groups for a pool over ``channels``: depthwise (= channels) when Lava can
+    hold it, else the largest divisor of ``channels`` up to :data:`MAX_LAVA_GROUPS`."""
+    return max(g for g in range(1, min(channels, MAX_LAVA_GROUPS) + 1) if channels % g == 0)
+
+
+def pool_as_conv_weight(pool_weight: np.ndarray, channels: int, groups: int) -> np.ndarray:
+    """(channels, channels/groups, k, k) conv weight that pools every channel on its own:
+    output channel o sees only input channel o (position o mod group size in its group)."""
+    size = channels // groups
+    weight = np.zeros((channels, size, *pool_weight.shape[-2:]), dtype=pool_weight.dtype)
+    for o in range(channels):
+        weight[o, o % size] = pool_weight.reshape(pool_weight.shape[-2:])
+    return weight
+
+
 def _write_pool(block, group: h5py.Group, layer) -> None:
-    """A SLAYER Pool block as the depthwise conv netx can load (exact)."""
+    """A SLAYER Pool block as a grouped conv netx can load (exact; depthwise up to 127
+    channels, see :func:`pool_groups`)."""
     c = layer.in_shape[0]
+    groups = pool_groups(c)
     syn = block.synapse
     w = syn.pre_hook_fx(syn.weight, descale=True).reshape(syn.weight.shape[:-1]).detach().cpu().numpy()
     group.create_dataset("type", (1,), "S10", [b"conv"])
@@ -93,8 +117,8 @@ def _write_pool(block, group: h5py.Group, layer) -> None:
     group.create_dataset("stride", data=np.array(syn.stride[:-1]))
     group.create_dataset("padding", data=np.array(syn.padding[:-1]))
     group.create_dataset("dilation", data=np.array(syn.dilation[:-1]))
-    group.create_dataset("groups", data=c)
-    group.create_dataset("weight", data=np.repeat(w, c, axis=0))  # (C, 1, k, k)
+    group.create_dataset("groups", data=groups)
+    group.create_dataset("weight", data=pool_as_conv_weight(w, c, groups))
     for key, value in block.neuron.device_params.items():
         group.create_dataset(f"neuron/{key}", data=value)
 
