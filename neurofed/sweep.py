@@ -174,6 +174,15 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _show(value: Any) -> str:
+    """A value as tables and plots show it: partition settings by their papers' names."""
+    if isinstance(value, dict) and "scheme" in value:
+        from neurofed.data.partition import scheme_label
+
+        return scheme_label(value)
+    return _fmt(value)
+
+
 def _short_names(keys: list[str]) -> dict[str, str]:
     """Last dotted part of each key, or the whole key where two keys share it."""
     last = [k.rsplit(".", 1)[-1] for k in keys]
@@ -734,7 +743,7 @@ def _markdown(sweep: Sweep, rows: list[dict]) -> str:
               f"finished; rounds to target counts seeds that reached it.", ""]
     lines += ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for r in rows:
-        cells = ["/".join(_fmt(r["values"][k]) for k in d.keys) for d in sweep.dims]
+        cells = ["/".join(_show(r["values"][k]) for k in d.keys) for d in sweep.dims]
         seeds = str(r["seeds"]) + (f" ({r['failed']} failed)" if r["failed"] else "")
         rtt = _pm(r["rounds_to_target"], r["rounds_to_target_std"])
         if r["seeds"] and r["reached"] < r["seeds"]:
@@ -759,7 +768,7 @@ def _markdown(sweep: Sweep, rows: list[dict]) -> str:
                   "|" + "|".join("---" for _ in head + labels + ["mean"]) + "|"]
         for r in rows:
             vals = r["per_model"].get(key, {})
-            cells = ["/".join(_fmt(r["values"][k]) for k in d.keys) for d in sweep.dims]
+            cells = ["/".join(_show(r["values"][k]) for k in d.keys) for d in sweep.dims]
             cells += [_pm(*vals.get(l, (None, None)), scale, 1 if metric == "accuracy" else 3) for l in labels]
             means = [vals[l][0] for l in labels if vals.get(l, (None,))[0] is not None]
             cells.append(_pm(float(np.mean(means)) if means else None, None, scale, 1 if metric == "accuracy" else 3))
@@ -830,7 +839,7 @@ def _plot(sweep: Sweep, rows: list[dict], spec: dict, path: Path) -> None:
         else:
             _draw_metric(ax, sweep, prow, spec)
         if pv is not None:
-            ax.set_title(f"{_dim_label(sweep, spec['panels'])} = {'/'.join(_fmt(v) for v in pv)}", fontsize=10)
+            ax.set_title(f"{_dim_label(sweep, spec['panels'])} = {'/'.join(_show(v) for v in pv)}", fontsize=10)
         ax.grid(alpha=0.3, axis="y" if spec["kind"] == "bars" else "both")
     axes[0][0].set_ylabel((ROUND_METRICS if spec["kind"] == "rounds" else METRICS)[spec["metric"]])
     handles, labels = axes[0][0].get_legend_handles_labels()
@@ -862,13 +871,13 @@ def _draw_metric(ax, sweep: Sweep, rows: list[dict], spec: dict) -> None:
             m, s = (match[0][metric], match[0][metric + "_std"]) if match else (None, None)
             mean.append(np.nan if m is None else m * scale)
             std.append(0.0 if s is None else s * scale)
-        label = "/".join(_fmt(v) for v in hv) if hv is not None else None
+        label = "/".join(_show(v) for v in hv) if hv is not None else None
         if spec["kind"] == "bars":
             ax.bar(pos - 0.4 + width * (j + 0.5), mean, width, yerr=std, capsize=2, label=label)
         else:
             ax.errorbar(pos, mean, yerr=std, marker="o", ms=4, capsize=3, label=label)
     ax.set_xticks(pos)
-    ticks = ["/".join(_fmt(v) for v in x) for x in xs]
+    ticks = ["/".join(_show(v) for v in x) for x in xs]
     tilt = sum(len(t) for t in ticks) > 60  # long labels (e.g. mapping values) would overlap
     ax.set_xticklabels(ticks, rotation=20 if tilt else 0, ha="right" if tilt else "center",
                        fontsize=8 if tilt else None)
@@ -900,7 +909,7 @@ def _draw_rounds(ax, sweep: Sweep, rows: list[dict], spec: dict) -> None:
             rest = _canon({k: v for k, v in r["values"].items() if k not in skip and k not in
                            next(d for d in sweep.dims if hkey in d.keys).keys})
             style = styles[others.setdefault(rest, len(others)) % len(styles)]
-        label = ", ".join(f"{_short_names(sweep.varied)[k]}={_fmt(v)}" for k, v in r["values"].items()
+        label = ", ".join(f"{_short_names(sweep.varied)[k]}={_show(v)}" for k, v in r["values"].items()
                           if k not in skip) or r["point"]
         ax.plot(rounds, mean, color=color, linestyle=style, lw=1.4, label=label)
         if len(curves) > 1:

@@ -17,6 +17,7 @@ from neurofed.data.partition import (
     label_counts,
     partition,
     plot_heatmap,
+    scheme_label,
 )
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -451,3 +452,12 @@ def test_fast_for_60k_labels_and_100_clients():
         parts = run(labels, 10, 0, scheme=scheme, num_clients=100, alpha=0.5, min_size=0)
         assert len(parts) == 100
     assert time.perf_counter() - t0 < 10  # about 0.1 s; a per-sample Python loop would take far longer
+
+
+def test_scheme_labels_are_the_papers_names():
+    assert scheme_label({"scheme": "iid"}) == "IID"
+    assert scheme_label({"scheme": "dirichlet", "alpha": 0.05}) == "Dir(0.05)"
+    assert scheme_label({"scheme": "cnum", "classes_per_client": 2}) == "#cnum=2"
+    assert scheme_label({"scheme": "ci", "ratio": [3, 1], "alpha": 1.0}) == "CI(3:1; 1)"
+    # a setting that leaves a key to its default has no short name: the raw setting
+    assert scheme_label({"scheme": "dirichlet"}) == "scheme-dirichlet"

@@ -104,6 +104,23 @@ def partition(labels: np.ndarray, num_classes: int, cfg: dict, rng: np.random.Ge
     return _parts_from_owner(owner, n)
 
 
+def scheme_label(cfg: dict) -> str:
+    """The papers' short name of a partition setting: IID, Dir(0.1), #cnum=2, ..."""
+    scheme = cfg.get("scheme")
+    names = {
+        "iid": lambda: "IID",
+        "dirichlet": lambda: f"Dir({cfg['alpha']:g})",
+        "cnum": lambda: f"#cnum={cfg['classes_per_client']}",
+        "dir_n": lambda: f"Dir_n({cfg['alpha']:g})",
+        "shards": lambda: f"{cfg['shards_per_client']}Shards",
+        "ci": lambda: f"CI({':'.join(str(r) for r in cfg['ratio'])}; {cfg['alpha']:g})",
+    }
+    try:
+        return names[scheme]()
+    except KeyError:  # unknown scheme or a key left to its default: the raw setting
+        return "+".join(f"{k}-{v}" for k, v in cfg.items())
+
+
 def label_counts(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
     """(clients, classes) array: how many samples of each class each client holds."""
     labels = _check_labels(labels, num_classes)
