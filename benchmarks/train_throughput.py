@@ -18,6 +18,8 @@ medians are printed too.
 The stock worker never imports neurofed.models.fast_cuba; the fast worker calls
 ``fast_cuba.enable()`` (which includes its allocator setting, ``tune_malloc``). After the timed rounds both workers have taken the same
 optimizer steps on the same data; the script compares their parameters bit for bit.
+Then it profiles a few more digits steps of the fast path (torch.profiler; these come
+after the comparison) and prints where a step's time goes.
 
     python benchmarks/train_throughput.py            # 1 thread, then torch's default; RESULT line last
     python benchmarks/train_throughput.py --save     # also writes benchmarks/results/train_throughput.txt
@@ -125,9 +127,9 @@ def worker(conn, mode: str, name: str, batch: int, T: int, nbatches: int, thread
         if cmd == "steps":
             times = []
             for _ in range(arg):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 step()
-                times.append(time.perf_counter() - t0)
+                times.append((time.perf_counter() - t0, time.process_time() - c0))  # (wall, process CPU)
             conn.send(times)
         elif cmd == "activity":  # fraction of active outputs per block, one batch
             with torch.no_grad():
@@ -136,6 +138,15 @@ def worker(conn, mode: str, name: str, batch: int, T: int, nbatches: int, thread
                     h = blk(h)
                     dens.append(float((h > 0).float().mean()))
             conn.send(dens)
+        elif cmd == "profile":  # self CPU time per operator over `arg` steps (torch.profiler)
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                t0 = time.perf_counter()
+                for _ in range(arg):
+                    step()
+                wall = time.perf_counter() - t0
+            conn.send(({e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}, wall))
         elif cmd == "digest":
             h = hashlib.sha256()
             for k, v in net.state_dict().items():
@@ -147,8 +158,39 @@ def worker(conn, mode: str, name: str, batch: int, T: int, nbatches: int, thread
             return
 
 
+# Where a fast-path step goes: profiler operator names -> what they are.
+BREAKDOWN = [
+    ("convolution backward (stock aten.convolution_backward, oneDNN)", ("aten::convolution_backward",)),
+    ("convolution forward via F.conv3d (oneDNN)", ("aten::mkldnn_convolution",)),
+    ("spike-driven synapse forward (+ autograd glue)", ("_SpikeConv", "_SpikeConvBackward")),
+    ("fused CUBA neuron forward (+ delay)", ("_FusedCuba",)),
+    ("fused CUBA neuron backward", ("_FusedCubaBackward",)),
+    ("surrogate-gradient exp (torch.exp, as stock)", ("aten::exp",)),
+    ("pooling synapse fwd + bwd", ("_PoolFn", "_PoolFnBackward")),
+    ("weight quantization hook fwd + bwd", ("_QuantizeClamp", "_QuantizeClampBackward", "_quantize",
+                                            "_quantizeBackward", "aten::round", "aten::clamp", "ClampBackward1")),
+    ("Adam step + zero_grad (incl. its elementwise ops)", ("Optimizer.step#Adam.step", "Optimizer.zero_grad#Adam.zero_grad",
+                                                          "aten::lerp_", "aten::addcdiv_", "aten::sqrt", "aten::add_",
+                                                          "aten::mul_", "aten::div_", "aten::zero_")),
+]
+
+
+def breakdown_lines(times: dict, wall: float, steps: int) -> list[str]:
+    total = sum(times.values())
+    lines, used = [], 0.0
+    for label, keys in BREAKDOWN:
+        t = sum(times.get(k, 0.0) for k in keys)
+        used += t
+        lines.append(f"    {1e3 * t / steps:6.2f} ms  {100 * t / total:5.1f} %  {label}")
+    lines.append(f"    {1e3 * (total - used) / steps:6.2f} ms  {100 * (total - used) / total:5.1f} %  "
+                 "other operators (loss, views, copies, allocation, autograd engine)")
+    lines.append(f"    profiled step: {1e3 * total / steps:.2f} ms operator self time, {1e3 * wall / steps:.2f} ms wall "
+                 "(profiler overhead included; the rest of the wall time is Python)")
+    return lines
+
+
 def measure(name: str, batch: int, T: int, rounds: int, steps: int, warmup: int, nbatches: int,
-            threads: int | None):
+            threads: int | None, profile_steps: int = 0):
     ctx = mp.get_context("spawn")
     workers = {}
     for mode in ("stock", "fast"):
@@ -161,25 +203,35 @@ def measure(name: str, batch: int, T: int, rounds: int, steps: int, warmup: int,
         conn.send(("steps", warmup))
         conn.recv()
     times = {"stock": [], "fast": []}
+    cpu = {"stock": [], "fast": []}
     for r in range(rounds):  # alternate so both see the same machine load
         order = ("stock", "fast") if r % 2 == 0 else ("fast", "stock")
         for mode in order:
             conn = workers[mode][0]
             conn.send(("steps", steps))
-            times[mode] += conn.recv()
+            for wall, used in conn.recv():
+                times[mode].append(wall)
+                cpu[mode].append(used)
     workers["fast"][0].send(("activity", None))
     activity = workers["fast"][0].recv()
     digests = {}
-    for mode, (conn, proc) in workers.items():
+    for mode, (conn, _) in workers.items():
         conn.send(("digest", None))
         digests[mode] = conn.recv()
+    profiled = None
+    if profile_steps:  # after the digests: these steps run on the fast path only
+        workers["fast"][0].send(("profile", profile_steps))
+        profiled = workers["fast"][0].recv()
+    for mode, (conn, proc) in workers.items():
         conn.send(("stop", None))
         conn.recv()
         proc.join(timeout=30)
-    return times, infos, digests, activity
+    return times, cpu, infos, digests, activity, profiled
 
 
-def machine_header() -> str:
+def machine_header(name: str = "train_throughput",
+                   load_note: str = "(shared machine: stock and fast alternate; samples/s from each path's best step)") -> str:
+    """Comment lines describing the machine and software (shared by the benchmarks)."""
     import torch
 
     model = "unknown"
@@ -199,13 +251,12 @@ def machine_header() -> str:
         lava_dl = "?"
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
     return "\n".join([
-        "# train_throughput benchmark",
+        f"# {name} benchmark",
         f"# date: {time.strftime('%Y-%m-%d %H:%M:%S')}",
         f"# machine: nproc={os.cpu_count()} cpu='{model}' ({platform.machine()}, {platform.system()})",
         f"# torch {torch.__version__}, torch threads {torch.get_num_threads()}, lava-dl {lava_dl}, "
         f"python {platform.python_version()}",
-        f"# load average at start: {' '.join(f'{x:.2f}' for x in load)} "
-        "(shared machine: stock and fast alternate; samples/s from each path's best step)",
+        f"# load average at start: {' '.join(f'{x:.2f}' for x in load)} {load_note}".rstrip(),
     ])
 
 
@@ -224,6 +275,9 @@ def main(argv=None):
                          "own choice); the RESULT line reports the first. One thread is the default "
                          "because it is robust on a shared machine: with 2 threads on 2 busy cores "
                          "every small parallel op can stall, which distorts both paths")
+    ap.add_argument("--profile-steps", type=int, default=10,
+                    help="after timing, profile this many digits steps of the fast path (first thread setting) "
+                         "and print where the time goes (0: skip)")
     ap.add_argument("--save", action="store_true", help="write benchmarks/results/train_throughput.txt")
     args = ap.parse_args(argv)
     if min(args.digits_rounds, args.svgg9_rounds, args.digits_steps, args.svgg9_steps) < 1:
@@ -249,8 +303,9 @@ def main(argv=None):
     for threads in settings:
         results = {}
         for name, batch, T, rounds, steps in cases:
-            times, infos, digests, activity = measure(name, batch, T, rounds, steps, warmup=max(1, steps),
-                                                      nbatches=4, threads=threads)
+            prof_steps = args.profile_steps if (name == "digits" and first is None) else 0
+            times, cpu, infos, digests, activity, profiled = measure(name, batch, T, rounds, steps, warmup=max(1, steps),
+                                                                nbatches=4, threads=threads, profile_steps=prof_steps)
             # best step per path (timeit's convention: on a shared machine the fastest
             # step is the least disturbed one); medians are printed alongside
             best = {m: min(v) for m, v in times.items()}
@@ -265,10 +320,19 @@ def main(argv=None):
                 emit(f"  {m:5s}: {sps[m]:9.1f} samples/s   best step {1e3 * best[m]:8.1f} ms "
                      f"(median {1e3 * med[m]:.1f}, max {1e3 * max(times[m]):.1f})")
             emit(f"  ratio fast/stock: {ratio:.2f}x (best steps)   {med['stock'] / med['fast']:.2f}x (medians)")
+            # CPU time of the process per step: less sensitive to other jobs on the cores
+            # (with one thread it is the step's own compute time)
+            cbest = {m: min(v) for m, v in cpu.items()}
+            emit(f"  process CPU time per step, best: stock {1e3 * cbest['stock']:.1f} ms, fast "
+                 f"{1e3 * cbest['fast']:.1f} ms, ratio {cbest['stock'] / cbest['fast']:.2f}x")
             emit(f"  parameters after {digests['stock'][0]} identical training steps on both paths: "
                  f"{'bit-identical' if same else 'DIFFERENT'} (sha256 {digests['stock'][1]} vs {digests['fast'][1]})")
             emit("  spike rate per block output (after the timed steps): "
                  + " ".join(f"{a:.3f}" for a in activity))
+            if profiled is not None:
+                emit(f"  where a fast-path step goes ({prof_steps} profiled steps, operator self CPU time):")
+                for line in breakdown_lines(*profiled, prof_steps):
+                    emit(line)
             if not infos["fast"].get("fast_enabled", False):
                 emit("  WARNING: the fast path could not be enabled (extension build failed)")
             emit("")

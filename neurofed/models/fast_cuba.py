@@ -46,6 +46,24 @@ parameters after several Adam steps):
 * anything outside these domains (CUDA, float64, graded spikes, norm, trainable or
   per-channel decays, debug mode, ...) falls back to the stock code.
 
+Where the time of a digits CNN step still goes (1 thread; ``benchmarks/
+train_throughput.py`` prints the breakdown, ``benchmarks/results/
+train_throughput.txt`` records it): about 40 % in the oneDNN convolutions — the
+forward where the input is too dense for the spike-driven kernel, and every
+backward: weight and input gradients are sums of arbitrary floats whose bits depend
+on oneDNN's summation order, so the stock call stays — over a quarter in the fused
+neuron kernels (int64 fixed-point recurrences; throughput-bound, with the tile
+transposes), a tenth in torch.exp for the surrogate gradient (MKL's ``vmsExp``),
+the rest in pooling, Adam, the loss and Python. Tried and dropped, each measured slower or
+no faster with the same bits: a lookup table for the surrogate derivative (it is a
+function of the integer voltage, but voltages range too widely below threshold for
+a cache-resident table, and the gather costs what exp does); ``vmsExp`` called
+inside the backward kernel on blocks of rows (MKL's per-call cost outweighs the
+saved pass); the 8-bit weight hook fused into one pass each way (bit-exact, but
+within measurement noise: it is ~2 % of a step); the spike-driven kernel for the
+first convolution (one input channel) and for inputs above ~15 % activity (oneDNN
+is faster there).
+
 Use::
 
     from neurofed.models import fast_cuba
