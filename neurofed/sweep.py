@@ -842,15 +842,17 @@ def _plot(sweep: Sweep, rows: list[dict], spec: dict, path: Path) -> None:
             ax.set_title(f"{_dim_label(sweep, spec['panels'])} = {'/'.join(_show(v) for v in pv)}", fontsize=10)
         ax.grid(alpha=0.3, axis="y" if spec["kind"] == "bars" else "both")
     axes[0][0].set_ylabel((ROUND_METRICS if spec["kind"] == "rounds" else METRICS)[spec["metric"]])
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    if labels:
-        axes[0][-1].legend(handles, labels, fontsize=8, title=_dim_label(sweep, spec.get("hue")) or None,
-                           title_fontsize=8, loc="best")
     title = spec.get("title") or f"{sweep.name}: {spec['metric'].replace('_', ' ')}"
     fig.suptitle(title + f"  (mean ± std over {len(sweep.seeds)} seed{'s' * (len(sweep.seeds) > 1)})", fontsize=10)
     fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if labels:
+        # beside the panels, not over them: with many hues any spot inside hides data
+        # (added after tight_layout so the panels keep their size; the saved canvas grows)
+        axes[0][-1].legend(handles, labels, fontsize=8, title=_dim_label(sweep, spec.get("hue")) or None,
+                           title_fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

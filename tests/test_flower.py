@@ -250,6 +250,56 @@ def test_sfedca_candidates_all_train_and_the_top_p_by_delta_r_are_aggregated(tin
     assert np.allclose(exp.server.params, np.mean(top))  # plain average of the top P (Alg. 1)
 
 
+def test_heterogeneous_widths_get_their_width_s_model_and_replies_are_read_in_its_layout(tiny_cfg, task_identity):
+    """hetero_fedavg under Flower: each partition downloads the global model of the width
+    in its config; each reply is unpacked with that width's ParamSpec and averaged only
+    within its width."""
+    from neurofed.fl.runner import Experiment
+
+    cfg = tiny_cfg(**{"algorithm.name": "hetero_fedavg", "model.name": "hifi_cnn_digits", "model.width": 1.0,
+                      "algorithm.widths": "[0.5,1.0]", "federation.clients_per_round": 3})
+    exp = Experiment(cfg)
+    grid = HandGrid({k: {"partition-id": k, "num-partitions": 4} for k in range(4)})
+    strategy = AlgorithmStrategy(exp.server, exp.spec)
+    msgs = strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid)
+    width = {int(m.content[TARGET_KEY]["partition-id"]): from_config(m.content["config"])["width"] for m in msgs}
+    assert len(msgs) == 3 and set(width.values()) == {0.5, 1.0}
+    for m in msgs:
+        cid = int(m.content[TARGET_KEY]["partition-id"])
+        sent = from_arrays(m.content["arrays"])
+        expected = exp.server.servers[width[cid]].message()
+        assert sent.keys() == expected.keys() and all(np.array_equal(sent[k], v) for k, v in expected.items())
+    sizes = {p: exp.server.specs[p].size for p in (0.5, 1.0)}
+    assert sizes[0.5] < sizes[1.0]
+    rs = [reply(m, exp.server.specs[width[c]].unpack(np.full(sizes[width[c]], c + 1.0, np.float32)), 10, width=width[c])
+          for m, c in ((m, int(m.content[TARGET_KEY]["partition-id"])) for m in msgs)]
+    strategy.aggregate_train(1, rs)
+    assert strategy.last_round.failed == []
+    for p in (0.5, 1.0):
+        mine = [c + 1.0 for c, w in width.items() if w == p]
+        np.testing.assert_allclose(exp.server.servers[p].params, np.mean(mine), rtol=1e-6)
+
+
+def test_client_app_evaluates_the_model_of_the_width_its_message_names(task_identity):
+    from neurofed.fl.runner import Experiment
+    from neurofed.flower.app import flower_apps
+
+    neurofed_set = tiny_set(**{"algorithm.name": "hetero_fedavg", "model.name": "hifi_cnn_digits",
+                               "model.width": 1.0, "algorithm.widths": "[0.5,1.0]"})
+    exp = Experiment(load_config(REPO / YAML, neurofed_set.split()))
+    _, client_app = flower_apps(**{"neurofed-config": YAML, "neurofed-set": neurofed_set})
+    ctx = Context(run_id=1, node_id=77, node_config={"partition-id": 1, "num-partitions": 4}, state=RecordDict(),
+                  run_config={})
+    half = exp.server.servers[0.5].message()
+    ev = client_app(Message(RecordDict({"arrays": to_arrays(half), "config": to_config({"width": 0.5})}),
+                            dst_node_id=77, message_type="evaluate"), ctx)
+    assert not ev.has_error(), ev.error
+    assert 0 <= ev.content["metrics"]["accuracy"] <= 1 and ev.content["metrics"][NUM_EXAMPLES] == len(exp.parts[1])
+    # without the width the node builds the run's model (width 1), which the half-width arrays do not fit
+    assert client_app(Message(RecordDict({"arrays": to_arrays(half)}), dst_node_id=77, message_type="evaluate"),
+                      ctx).has_error()
+
+
 def test_nodes_that_serve_no_partition_are_refused_with_the_reason(tiny_cfg, task_identity):
     from neurofed.fl.runner import Experiment
 
@@ -471,6 +521,26 @@ def test_stateful_and_candidate_algorithms_in_flower_simulation_equal_the_runner
     same_records(lines, ref_lines)
     if algo["algorithm.name"] == "sfedca":
         assert all(len(l["trained"]) == 3 and len(l["aggregated"]) == 2 for l in lines)
+
+
+def test_sfedhifi_in_flower_simulation_equals_the_in_process_runner(tmp_path, processes):
+    """SFedHIFI (one global model per width; each client downloads its width's model and
+    uploads in that width's layout; banks averaged over all, mixes within width, HIFI
+    fusion on the server) for 2 rounds: every width's global parameters and every
+    metrics line equal the in-process runner's."""
+    neurofed_set = tiny_set(**{"algorithm.name": "sfedhifi", "model.name": "hifi_cnn_digits", "model.width": 1.0,
+                               "algorithm.widths": "[0.5,1.0]", "algorithm.rate_samples": 16})
+    params, lines = read_run(simulate(tmp_path, processes, "flower", neurofed_set))
+    ref_params, ref_lines = reference(tmp_path, "inprocess", neurofed_set)
+    same_records(lines, ref_lines)
+    widths = [pickle.loads((tmp_path / d / "checkpoint.pkl").read_bytes())["server"]["widths"]
+              for d in ("flower", "inprocess")]
+    assert set(widths[0]) == {"0.5", "1"}
+    for p in widths[0]:
+        assert np.array_equal(widths[0][p]["params"], widths[1][p]["params"])
+    assert np.array_equal(params, ref_params)
+    assert all(l["clients_per_width"] == {"0.5": 1, "1": 1} and l["hifi_layer"] is not None for l in lines)
+    assert set(lines[-1]["accuracy_per_width"]) == {"0.5", "1"}
 
 
 # --------------------------------------------------------------------------- flwr CLI

@@ -18,12 +18,12 @@ from neurofed.algorithms.base import FitResult
 from neurofed.algorithms.sfedhifi import canonical_signs, choose_layer, tucker_fuse
 from neurofed.config import DEFAULTS, ConfigError, load_config
 from neurofed.deploy.export import export_model, read_net
-from neurofed.deploy.lava_run import input_spikes, simulate, torch_reference
 from neurofed.models import build_model, register_topology
 from neurofed.models.factorized import FactorizedConvSynapse, orthogonality, orthogonality_penalty
 from neurofed.models.hifi_cnn import factorized
 from neurofed.models.snn import SpikingNet, quantize_8bit
 from neurofed.models.spec import Layer, resolve
+from test_deploy import assert_round_trip, random_spikes
 
 WIDTHS = [0.25, 0.5, 0.75, 1.0]
 
@@ -78,6 +78,12 @@ def test_banks_have_one_shape_for_every_width_and_mixes_do_not():
                                                                   (128, 8, 32)]
     model = build_model({**DEFAULTS["model"], "name": "hifi_cnn", "bank_fraction": 0.5}, (1, 8, 8), 10)
     assert tuple(model.blocks[1].synapse.bank.shape) == (64, 8, 3, 3)  # model.bank_fraction reaches the layer
+    # the digits-scale variant (the benchmark's model): two banks, one shape for every width
+    banks = [{n: tuple(t.shape) for n, t in build_model({**DEFAULTS["model"], "name": "hifi_cnn_digits", "width": p},
+                                                         (1, 8, 8), 10).named_parameters() if n.endswith(".bank")}
+             for p in WIDTHS]
+    assert banks[0] == {"blocks.2.synapse.bank": (8, 2, 3, 3), "blocks.3.synapse.bank": (8, 4, 3, 3)}
+    assert all(b == banks[0] for b in banks)
 
 
 def test_export_writes_the_fused_quantized_kernel_as_a_standard_conv(tmp_path):
@@ -95,33 +101,28 @@ def test_export_writes_the_fused_quantized_kernel_as_a_standard_conv(tmp_path):
             np.testing.assert_array_equal(g["weight"][()], expected.numpy())
 
 
-def _lava_round_trip(model, spikes, path, seed=5):
-    export_model(model, path)
-    lava, _ = simulate(path, spikes, seed, progress=False)
-    ref = torch_reference(model, spikes, seed)
-    assert ref.counts[:, :-1].min() > 0, "test input too weak: some hidden layer never spikes"
-    np.testing.assert_array_equal(lava.counts, ref.counts)
-    np.testing.assert_array_equal(lava.checksums, ref.checksums)  # same spikes, same neurons, same steps
-    np.testing.assert_array_equal(lava.output, ref.output)
-
-
 def test_factorized_model_runs_spike_for_spike_in_lava(tmp_path):
     torch.manual_seed(1)
     layers = resolve(_tiny_hifi(0.5, 4), (1, 8, 8))
     model = SpikingNet(layers, {**DEFAULTS["model"], "threshold": 0.3}, logit_scale=10.0).eval()
-    x = np.random.default_rng(0).random((3, 1, 8, 8)).astype(np.float32)
-    spikes = input_spikes(x, {"encoding": "rate", "timesteps": 12, "max_rate": 1.0}, 1)[0]
-    _lava_round_trip(model, spikes, tmp_path / "tiny.net")
+    assert_round_trip(model, random_spikes(3), tmp_path / "tiny.net", seed=5)
 
 
-@pytest.mark.slow
-def test_hifi_cnn_runs_spike_for_spike_in_lava(tmp_path):
+@pytest.mark.parametrize("width", WIDTHS)  # 5-12 s each on 2 busy cores
+def test_paper_size_hifi_cnn_runs_spike_for_spike_in_lava_at_every_width(width, tmp_path):
+    """The paper's CNN (64C3-128p C3-P2-128p C3-P2-FC) exported B·M-fused and run in Lava;
+    at width 1 its pools see 128 channels (written with <= 127 groups: Lava's int8)."""
     torch.manual_seed(1)
-    model = build_model({**DEFAULTS["model"], "name": "hifi_cnn", "width": 0.25, "threshold": 0.5},
+    model = build_model({**DEFAULTS["model"], "name": "hifi_cnn", "width": width, "threshold": 0.5},
                         (1, 8, 8), 10, 10.0).eval()
-    x = np.random.default_rng(0).random((2, 1, 8, 8)).astype(np.float32)
-    spikes = input_spikes(x, {"encoding": "rate", "timesteps": 12, "max_rate": 1.0}, 1)[0]
-    _lava_round_trip(model, spikes, tmp_path / "hifi.net")
+    path = tmp_path / "hifi.net"
+    assert_round_trip(model, random_spikes(2), path, seed=5)  # every hidden layer spikes, in both
+    with h5py.File(path, "r") as h:
+        for i in (1, 3):  # the factorized layers (file entry i + 1): one conv with the fused 8-bit kernel
+            g, syn = h["layer"][str(i + 1)], model.blocks[i].synapse
+            assert g["type"][0] == b"conv" and int(g["groups"][()]) == 1
+            np.testing.assert_array_equal(g["weight"][()], quantize_8bit(syn.weight[..., 0].detach(), descale=True))
+        assert all(int(h["layer"][str(i + 1)]["groups"][()]) <= 127 for i in (2, 4))  # the pools
 
 
 # ----------------------------------------------------------------------------- objective

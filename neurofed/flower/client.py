@@ -4,7 +4,8 @@ A SuperNode trains the partition its node config names (``partition-id``, of
 ``num-partitions`` = ``partition.num_clients``); it loads the data set and cuts the
 shards exactly as the in-process runner does (:func:`neurofed.fl.runner.load_partitioned`,
 same seed, same shards) and keeps its own. ``train`` runs ``Algorithm.Client.fit``
-on the message's arrays and config; the client's persistent state (SCAFFOLD's c_i,
+on the message's arrays and config (a heterogeneous-width client half, e.g. SFedHIFI's,
+trains the model of ``config["width"]``); the client's persistent state (SCAFFOLD's c_i,
 ...) lives in the node's ``Context.state`` between rounds. ``evaluate`` scores the
 received global model on the node's shard; ``query`` tells the server which
 partition this node serves.
@@ -52,17 +53,24 @@ class Node:
                                  cfg["federation"]["logit_scale"])
         self.spec = ParamSpec.from_model(self.new_model())
         self.client = self.algorithm.Client(cfg, self.spec, self.new_model)
-        self._eval_model = None
+        self._eval_models: dict = {}
 
     def data(self, pid: int) -> ClientData:
         ds, idx = self.dataset, self.parts[pid]
         return ClientData(pid, torch.as_tensor(np.asarray(ds.x_train[idx], dtype=np.float32)),
                           torch.as_tensor(ds.y_train[idx]), ds.num_classes)
 
-    def eval_model(self):
-        if self._eval_model is None:
-            self._eval_model = self.new_model()
-        return self._eval_model
+    def eval_model(self, width: float | None = None) -> tuple[torch.nn.Module, ParamSpec]:
+        """(model, its ParamSpec) to evaluate a received global model: the run's model,
+        or the run's model config at ``width`` (heterogeneous-width runs keep one global
+        model per width). Built once each."""
+        width = float(self.cfg["model"]["width"] if width is None else width)
+        if width not in self._eval_models:
+            ds = self.dataset
+            model = build_model({**self.cfg["model"], "width": width}, ds.input_shape, ds.num_classes,
+                                self.cfg["federation"]["logit_scale"])
+            self._eval_models[width] = (model, ParamSpec.from_model(model))
+        return self._eval_models[width]
 
 
 @lru_cache(maxsize=2)
@@ -135,12 +143,14 @@ def make_client_app(defaults: dict | None = None) -> ClientApp:
 
     @app.evaluate()
     def evaluate_(msg: Message, context: Context) -> Message:
-        """Accuracy, loss and firing rates of the received model on this node's shard."""
+        """Accuracy, loss and firing rates of the received model on this node's shard
+        (the model of width ``config["width"]`` when the message has a config naming one)."""
         try:
             pid, _ = partition_of(context)
             node = node_for(context, defaults)
-            model, data = node.eval_model(), node.data(pid)
-            node.spec.set(model, node.spec.pack(from_arrays(msg.content["arrays"])))
+            config = from_config(msg.content["config"]) if "config" in msg.content else {}
+            (model, spec), data = node.eval_model(config.get("width")), node.data(pid)
+            spec.set(model, spec.pack(from_arrays(msg.content["arrays"])))
             ev = evaluate(model, data.x, data.y, node.cfg, seed_for(node.cfg["seed"], "client_eval", pid))
             return _reply(msg, {**ev, NUM_EXAMPLES: int(len(data.y))})
         except Exception as exc:

@@ -6,7 +6,10 @@ both defer to any neurofed ``Algorithm.Server`` — selection, aggregation and s
 state are the algorithm's, exactly as in the in-process runner; Flower only carries
 the messages. Every algorithm in :mod:`neurofed.algorithms` runs unchanged, SFedCA's
 candidate rounds included (all S candidates train and report ``delta_r``; the server
-half aggregates the top P).
+half aggregates the top P), and so do the heterogeneous-width ones (SFedHIFI, the
+``hetero_*`` baselines): each client downloads ``Server.message_for(cid, config)``
+(its width's global model) and its reply is read with ``Server.spec_for(config)``,
+as in the in-process runner.
 
 neurofed addresses clients by partition id (the shard index of
 :func:`neurofed.fl.runner.load_partitioned`); Flower addresses SuperNodes by node
@@ -47,13 +50,16 @@ class AlgorithmStrategy(Strategy):
     one's config; FedSNN's straggler rule (``survivors(round, cids)``, the runner's
     :meth:`~neurofed.fl.runner.Experiment.survivors`) drops some; every remaining
     partition gets a ``train`` message at the SuperNode serving it, holding
-    ``"arrays"`` = ``server.message()`` (global parameters plus server state such as
-    SCAFFOLD's c), ``"config"`` = its client config, and ``"neurofed.target"`` =
-    its partition id. The ``arrays`` and ``config`` arguments are ignored: the
-    server half owns the global parameters and the client configs.
+    ``"arrays"`` = ``server.message_for(cid, config)`` (global parameters plus server
+    state such as SCAFFOLD's c; for servers with one global model per width, e.g.
+    SFedHIFI, the model of the client's width), ``"config"`` = its client config, and
+    ``"neurofed.target"`` = its partition id. The ``arrays`` and ``config`` arguments
+    are ignored: the server half owns the global parameters and the client configs.
 
     ``aggregate_train``: replies become :class:`FitResult` s in plan order (so the
-    float sums equal the in-process runner's); error replies, missing replies,
+    float sums equal the in-process runner's), each packed in the layout
+    ``server.spec_for(config)`` of its client's config (its width's parameters for a
+    heterogeneous-width server); error replies, missing replies,
     partitions no SuperNode serves and non-finite updates are dropped and logged as
     failed; ``server.aggregate`` does the rest. Returns the new global parameters
     and the server half's numeric metrics; the whole round is in ``last_round``.
@@ -135,10 +141,10 @@ class AlgorithmStrategy(Strategy):
         alive = set(self.survivors(server_round, [c for c, _ in plan]))
         self.map_nodes(grid, alive, wait=0.0 if self._waited else self.node_timeout)
         self._waited = True
-        download = to_arrays(self.server.message())
         messages, sent = [], {}
         for cid, client_config in plan:
             if cid in alive and cid in self.partitions:
+                download = to_arrays(self.server.message_for(cid, client_config))
                 content = RecordDict({"arrays": download, "config": to_config(client_config),
                                       TARGET_KEY: ConfigRecord({"partition-id": cid})})
                 messages.append(Message(content, dst_node_id=self.partitions[cid], message_type=MessageType.TRAIN,
@@ -149,9 +155,10 @@ class AlgorithmStrategy(Strategy):
             len(messages), len(plan))
         return messages
 
-    def fit_result(self, cid: int, reply: Message) -> FitResult:
+    def fit_result(self, cid: int, reply: Message, config: dict) -> FitResult:
+        """The reply of partition ``cid``, trained with ``config``, as the server half sees it."""
         content = reply.content
-        flat = self.spec.pack(from_arrays(content["arrays"]))
+        flat = self.server.spec_for(config).pack(from_arrays(content["arrays"]))
         if not np.all(np.isfinite(flat)):
             raise FloatingPointError("update has non-finite values")
         metrics = from_metrics(content["metrics"], content[EXTRA_KEY] if EXTRA_KEY in content else None)
@@ -163,7 +170,7 @@ class AlgorithmStrategy(Strategy):
         if rnd != server_round:
             raise RuntimeError(f"aggregate_train({server_round}) after configure_train({rnd})")
         t_agg = time.perf_counter()
-        got, errors = {}, {}
+        got, errors, configs = {}, {}, dict(plan)
         for reply in replies:
             cid = sent.get(reply.metadata.src_node_id)
             if cid is None:
@@ -172,7 +179,7 @@ class AlgorithmStrategy(Strategy):
                 errors[cid] = reply.error.reason
                 continue
             try:
-                got[cid] = self.fit_result(cid, reply)
+                got[cid] = self.fit_result(cid, reply, configs[cid])
             except Exception as exc:  # a broken reply never reaches the global model
                 errors[cid] = f"{type(exc).__name__}: {exc}"
         failed = []
