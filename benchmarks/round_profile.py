@@ -33,7 +33,6 @@ and the process's peak RSS.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import resource
@@ -50,7 +49,7 @@ for p in (ROOT, os.path.dirname(os.path.abspath(__file__))):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from train_throughput import machine_header  # noqa: E402
+from common import Report, machine_header  # noqa: E402
 
 EXAMPLE = os.path.join(ROOT, "examples", "digits_fedavg.yaml")
 
@@ -205,11 +204,8 @@ def main(argv=None) -> int:
     from neurofed.fl.params import ParamSpec
     from neurofed.models import build_model
 
-    buf = io.StringIO()
-
-    def emit(line=""):
-        print(line, flush=True)
-        buf.write(line + "\n")
+    report = Report()
+    emit = report.emit
 
     overrides = [f"federation.rounds={args.rounds}", "export=false", *args.set]
     cfg = load_config(args.config, overrides)
@@ -327,10 +323,7 @@ def main(argv=None) -> int:
          + (f"scaffold_server_bytes={scaffold['server']} scaffold_client_bytes={scaffold['clients']} " if scaffold else "")
          + f"peak_rss_mb={rss_fedavg:.0f} ratio={ratio:.1f}")
     if args.save:
-        path = os.path.join(ROOT, "benchmarks", "results", "round_profile.txt")
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(buf.getvalue())
-        print(f"saved {path}")
+        report.save("round_profile")
     return 0
 
 

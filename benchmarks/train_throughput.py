@@ -30,17 +30,18 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for p in (ROOT, os.path.dirname(os.path.abspath(__file__))):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from common import Report, machine_header  # noqa: E402
 
 NEURON = dict(threshold=1.25, current_decay=0.25, voltage_decay=0.03, tau_grad=0.1, scale_grad=1.0,
               requires_grad=False)
@@ -229,37 +230,6 @@ def measure(name: str, batch: int, T: int, rounds: int, steps: int, warmup: int,
     return times, cpu, infos, digests, activity, profiled
 
 
-def machine_header(name: str = "train_throughput",
-                   load_note: str = "(shared machine: stock and fast alternate; samples/s from each path's best step)") -> str:
-    """Comment lines describing the machine and software (shared by the benchmarks)."""
-    import torch
-
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        from importlib.metadata import version
-
-        lava_dl = version("lava-dl")
-    except Exception:
-        lava_dl = "?"
-    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
-    return "\n".join([
-        f"# {name} benchmark",
-        f"# date: {time.strftime('%Y-%m-%d %H:%M:%S')}",
-        f"# machine: nproc={os.cpu_count()} cpu='{model}' ({platform.machine()}, {platform.system()})",
-        f"# torch {torch.__version__}, torch threads {torch.get_num_threads()}, lava-dl {lava_dl}, "
-        f"python {platform.python_version()}",
-        f"# load average at start: {' '.join(f'{x:.2f}' for x in load)} {load_note}".rstrip(),
-    ])
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--digits-batch", type=int, default=32)
@@ -283,13 +253,10 @@ def main(argv=None):
     if min(args.digits_rounds, args.svgg9_rounds, args.digits_steps, args.svgg9_steps) < 1:
         ap.error("rounds and steps must be >= 1")
 
-    buf = io.StringIO()
-
-    def emit(line=""):
-        print(line, flush=True)
-        buf.write(line + "\n")
-
-    emit(machine_header())
+    report = Report()
+    emit = report.emit
+    emit(machine_header("train_throughput",
+                        "(shared machine: stock and fast alternate; samples/s from each path's best step)"))
     emit("# baseline: stock lava-dl 0.6.0 SLAYER CPU path (Python time-step loop, int64 fixed point)")
     emit("# fast:     neurofed.models.fast_cuba.enable(): fused C++ CUBA neuron kernels (+ one-step delay),")
     emit("#           spike-driven synapse forward, pooling kernels; bit-identical spikes and gradients")
@@ -343,11 +310,7 @@ def main(argv=None):
     emit(f"RESULT name=train_throughput digits_stock={d[0]:.1f} digits_fast={d[1]:.1f} digits_ratio={d[2]:.2f} "
          f"svgg9_stock={s[0]:.2f} svgg9_fast={s[1]:.2f} svgg9_ratio={s[2]:.2f} ratio={d[2]:.2f}")
     if args.save:
-        path = os.path.join(ROOT, "benchmarks", "results", "train_throughput.txt")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(buf.getvalue())
-        print(f"saved {path}")
+        report.save("train_throughput")
 
 
 if __name__ == "__main__":
