@@ -387,11 +387,9 @@ class HeteroServer(Server):
     def width_model(self, width: float) -> torch.nn.Module:
         """A (cached) model of ``width``: the run's model config at that width."""
         if width not in self._models:
-            from neurofed.models import build_model
+            from neurofed.models import build_run_model
 
-            ds = self.dataset
-            self._models[width] = build_model({**self.cfg["model"], "width": width}, ds.input_shape,
-                                              ds.num_classes, self.cfg["federation"]["logit_scale"])
+            self._models[width] = build_run_model(self.cfg, self.dataset, width)
         return self._models[width]
 
     def with_arrays(self, width: float, flat: np.ndarray, arrays: dict) -> np.ndarray:

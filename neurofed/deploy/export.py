@@ -47,7 +47,7 @@ def load_global_model(run_dir: str | Path, dataset=None) -> RunModel:
     from neurofed.config import resolve
     from neurofed.data import load_dataset
     from neurofed.fl.params import ParamSpec
-    from neurofed.models import build_model
+    from neurofed.models import build_run_model
 
     run_dir = Path(run_dir)
     cfg_path, ckpt_path = run_dir / "config.yaml", run_dir / "checkpoint.pkl"
@@ -61,7 +61,7 @@ def load_global_model(run_dir: str | Path, dataset=None) -> RunModel:
     except Exception as exc:  # truncated file, foreign pickle, missing keys
         raise DeployError(f"{ckpt_path}: not a neurofed checkpoint ({type(exc).__name__}: {exc})") from None
     ds = dataset if dataset is not None else load_dataset(cfg["data"], cfg["seed"])
-    model = build_model(cfg["model"], ds.input_shape, ds.num_classes, cfg["federation"]["logit_scale"])
+    model = build_run_model(cfg, ds)
     spec = ParamSpec.from_model(model)
     if params.shape != (spec.size,):
         raise DeployError(f"{ckpt_path}: {params.size} parameters, but config.yaml's model has {spec.size}")

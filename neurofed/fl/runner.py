@@ -31,7 +31,7 @@ from neurofed.data.partition import label_counts, partition
 from neurofed.fl.params import ParamSpec
 from neurofed.fl.seeds import rng_for, seed_for
 from neurofed.fl.train import evaluate
-from neurofed.models import build_model
+from neurofed.models import build_model, build_run_model
 
 CHECKPOINT = "checkpoint.pkl"
 RUN_FILES = ("metrics.jsonl", "summary.json", CHECKPOINT)
@@ -97,8 +97,7 @@ class Experiment:
         self.client_states: dict[int, dict] = {}
 
     def new_model(self) -> torch.nn.Module:
-        ds = self.dataset
-        return build_model(self.cfg["model"], ds.input_shape, ds.num_classes, self.cfg["federation"]["logit_scale"])
+        return build_run_model(self.cfg, self.dataset)
 
     def client_data(self, cid: int) -> ClientData:
         idx = torch.as_tensor(self.parts[cid])

@@ -33,7 +33,7 @@ from neurofed.fl.train import evaluate
 from neurofed.flower.records import from_arrays, from_config, load_state, save_state, to_arrays, to_metrics
 from neurofed.flower.settings import experiment_config, settings
 from neurofed.flower.strategy import EXTRA_KEY, NODE_KEY, NUM_EXAMPLES, TARGET_KEY
-from neurofed.models import build_model
+from neurofed.models import build_run_model
 
 
 class Node:
@@ -47,10 +47,8 @@ class Node:
             torch.set_num_threads(int(threads))
         self.cfg = cfg
         self.dataset, self.parts = load_partitioned(cfg)
-        ds = self.dataset
         self.algorithm = get_algorithm_class(cfg["algorithm"]["name"])
-        self.new_model = partial(build_model, cfg["model"], ds.input_shape, ds.num_classes,
-                                 cfg["federation"]["logit_scale"])
+        self.new_model = partial(build_run_model, cfg, self.dataset)
         self.spec = ParamSpec.from_model(self.new_model())
         self.client = self.algorithm.Client(cfg, self.spec, self.new_model)
         self._eval_models: dict = {}
@@ -66,9 +64,7 @@ class Node:
         model per width). Built once each."""
         width = float(self.cfg["model"]["width"] if width is None else width)
         if width not in self._eval_models:
-            ds = self.dataset
-            model = build_model({**self.cfg["model"], "width": width}, ds.input_shape, ds.num_classes,
-                                self.cfg["federation"]["logit_scale"])
+            model = build_run_model(self.cfg, self.dataset, width)
             self._eval_models[width] = (model, ParamSpec.from_model(model))
         return self._eval_models[width]
 

@@ -26,4 +26,12 @@ def build_model(model_cfg: dict, input_shape: tuple, num_classes: int, logit_sca
     return cls(layers, model_cfg, logit_scale=logit_scale)
 
 
-__all__ = ["Layer", "ZOO", "register_topology", "topology", "build_model", "model_names", "MODEL_KINDS"]
+def build_run_model(cfg: dict, dataset, width: float | None = None):
+    """The model of a run's config for its data set (at ``width`` instead of
+    ``cfg["model"]["width"]`` when given: heterogeneous-width runs keep one per width)."""
+    model_cfg = cfg["model"] if width is None else {**cfg["model"], "width": width}
+    return build_model(model_cfg, dataset.input_shape, dataset.num_classes, cfg["federation"]["logit_scale"])
+
+
+__all__ = ["Layer", "ZOO", "register_topology", "topology", "build_model", "build_run_model", "model_names",
+           "MODEL_KINDS"]
