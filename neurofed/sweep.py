@@ -183,6 +183,11 @@ def _show(value: Any) -> str:
     return _fmt(value)
 
 
+def _point_cells(sweep: Sweep, values: dict) -> list[str]:
+    """A point's table cells: one per sweep dimension (zipped keys joined by "/")."""
+    return ["/".join(_show(values[k]) for k in d.keys) for d in sweep.dims]
+
+
 def _short_names(keys: list[str]) -> dict[str, str]:
     """Last dotted part of each key, or the whole key where two keys share it."""
     last = [k.rsplit(".", 1)[-1] for k in keys]
@@ -743,7 +748,7 @@ def _markdown(sweep: Sweep, rows: list[dict]) -> str:
               f"finished; rounds to target counts seeds that reached it.", ""]
     lines += ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for r in rows:
-        cells = ["/".join(_show(r["values"][k]) for k in d.keys) for d in sweep.dims]
+        cells = _point_cells(sweep, r["values"])
         seeds = str(r["seeds"]) + (f" ({r['failed']} failed)" if r["failed"] else "")
         rtt = _pm(r["rounds_to_target"], r["rounds_to_target_std"])
         if r["seeds"] and r["reached"] < r["seeds"]:
@@ -768,7 +773,7 @@ def _markdown(sweep: Sweep, rows: list[dict]) -> str:
                   "|" + "|".join("---" for _ in head + labels + ["mean"]) + "|"]
         for r in rows:
             vals = r["per_model"].get(key, {})
-            cells = ["/".join(_show(r["values"][k]) for k in d.keys) for d in sweep.dims]
+            cells = _point_cells(sweep, r["values"])
             cells += [_pm(*vals.get(l, (None, None)), scale, 1 if metric == "accuracy" else 3) for l in labels]
             means = [vals[l][0] for l in labels if vals.get(l, (None,))[0] is not None]
             cells.append(_pm(float(np.mean(means)) if means else None, None, scale, 1 if metric == "accuracy" else 3))

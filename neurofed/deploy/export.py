@@ -97,8 +97,8 @@ def pool_as_conv_weight(pool_weight: np.ndarray, channels: int, groups: int) -> 
     output channel o sees only input channel o (position o mod group size in its group)."""
     size = channels // groups
     weight = np.zeros((channels, size, *pool_weight.shape[-2:]), dtype=pool_weight.dtype)
-    for o in range(channels):
-        weight[o, o % size] = pool_weight.reshape(pool_weight.shape[-2:])
+    out = np.arange(channels)
+    weight[out, out % size] = pool_weight.reshape(pool_weight.shape[-2:])
     return weight
 
 
