@@ -96,6 +96,9 @@ DEFAULTS: dict[str, Any] = {
         "logit_scale": 1.0,
         "threads": None,
         "fast_kernels": True,  # neurofed.models.fast_cuba: bit-exact fused CPU CUBA kernels
+        # with fast_kernels: same spikes, gradients equal to SLAYER's up to float32 rounding
+        # (spike-driven weight gradients, inline surrogate exp); see fast_cuba "Fast gradients"
+        "fast_gradients": False,
     },
     "algorithm": {"name": "fedavg"},
     "export": True,
@@ -272,6 +275,7 @@ def _checks() -> dict[str, Check]:
         "federation.logit_scale": number(0, lo_open=True),
         "federation.threads": number(1, integer=True, nullable=True),
         "federation.fast_kernels": boolean,
+        "federation.fast_gradients": boolean,
         "export": boolean,
         "lava.samples": number(0, integer=True),
         "lava.backend": choice(("fixed_pt", "loihi2")),

@@ -27,6 +27,7 @@ def test_defaults_resolve_and_validate():
         ("algorithm.mu=0.1", "algorithm.mu: unknown key for fedavg"),
         ("federation.clients_per_round=20", "federation.clients_per_round: got 20; expected <= partition.num_clients"),
         ("model.width=1.5", "model.width: got 1.5"),
+        ("federation.fast_gradients=maybe", "federation.fast_gradients: got 'maybe'; expected true or false"),
     ],
 )
 def test_bad_values_name_the_key(override, fragment):

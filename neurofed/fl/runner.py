@@ -77,7 +77,9 @@ class Experiment:
         if cfg["federation"].get("fast_kernels", True):
             from neurofed.models import fast_cuba
 
-            fast_cuba.enable()  # same spikes and gradients as stock SLAYER, faster on CPU
+            # same spikes as stock SLAYER, faster on CPU; gradients bit-identical unless
+            # fast_gradients (then equal up to float32 rounding)
+            fast_cuba.enable(gradients="fast" if cfg["federation"].get("fast_gradients") else "exact")
         self.dataset, self.parts = load_partitioned(cfg)
         ds = self.dataset
         self.counts = label_counts(ds.y_train, self.parts, ds.num_classes)

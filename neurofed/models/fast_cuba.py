@@ -91,7 +91,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["build", "enable", "disable", "enabled", "is_enabled", "is_available", "tune_malloc"]
+__all__ = ["build", "enable", "disable", "enabled", "is_enabled", "is_available", "tune_malloc", "gradients",
+           "GRADIENTS"]
 
 _NAME = "neurofed_fast_cuba_v1"
 
@@ -449,14 +450,70 @@ std::vector<torch::Tensor> cuba_fwd(torch::Tensor z, torch::Tensor cstate,
   return {spike, earg, clast, vlast};
 }
 
+// exp of the surrogate gradient's argument (x <= 0) for "fast" gradients: Cephes'
+// expf (x = n ln2 + r with ln2 in two parts, degree-6 polynomial in r, 2^n through
+// the exponent bits). Within 2 ulp of torch.exp where exp(x) is a normal float
+// (tested), and 0 for x < -87.34 where torch.exp returns a subnormal (< 1.2e-38,
+// which vanishes against any other term of the gradient). Vectorizes.
+static inline float surrogate_exp(float x) {
+  const bool tiny = x < -87.336f;
+  const float xs = tiny ? 0.f : x;
+  const float fx = std::floor(xs * 1.44269504088896341f + 0.5f);
+  float r = xs - fx * 0.693359375f;
+  r = r - fx * -2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * (r * r) + r + 1.f;
+  const int32_t bits = ((int32_t)fx + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return tiny ? 0.f : y * scale;
+}
+
+#if defined(__AVX512F__)
+// surrogate_exp on 16 lanes, with fused multiply-adds (explicit intrinsics; this is
+// not an exact path, and the tolerance test covers both versions).
+static inline __m512 surrogate_exp16(__m512 x) {
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.336f), _CMP_LT_OQ);
+  const __m512 xs = _mm512_mask_mov_ps(x, tiny, _mm512_setzero_ps());
+  const __m512 fx = _mm512_roundscale_ps(
+      _mm512_fmadd_ps(xs, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), xs);
+  r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps((__mmask16)~tiny, y, _mm512_castsi512_ps(bits));
+}
+#endif
+
+static void surrogate_exp_inplace(float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, surrogate_exp16(_mm512_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i) x[i] = surrogate_exp(x[i]);
+}
+
 // Fused CUBA neuron backward: Spike.backward (given ex = exp(earg) computed by
-// torch.exp) then the voltage and current LI adjoints.
+// torch.exp, or, with inline_exp, earg itself, exponentiated here by surrogate_exp)
+// then the voltage and current LI adjoints.
 //   gv_in[n] = (A * ex[n]) * gs[n]     A = scale_rho / 2 / tau_rho (float32)
 //   gv[n]    = dv * gv[n+1] + gv_in[n]
 //   gc[n]    = dc * gc[n+1] + gv[n]
 //   with shift, gs[n] = g[n + 1] (g[T] = 0): the adjoint of the one-step delay.
 static void cuba_bwd_rows(const float* e, const float* g, float* o, int64_t T,
-                          float a, float fv, float fc, int64_t sh, int64_t b, int64_t en) {
+                          float a, float fv, float fc, int64_t sh, bool inline_exp, int64_t b, int64_t en) {
   std::vector<float> buf((3 * T + 1) * V, 0.f);
   float* te = buf.data();
   float* to = te + T * V;
@@ -464,6 +521,7 @@ static void cuba_bwd_rows(const float* e, const float* g, float* o, int64_t T,
   for (int64_t r0 = b; r0 < en; r0 += V) {
     const int64_t nr = std::min<int64_t>(V, en - r0);
     load_tile(e + r0 * T, T, nr, te);
+    if (inline_exp) surrogate_exp_inplace(te, T * V);
     load_tile(g + r0 * T, T, nr, tg);
     float gv[V], gc[V];
     for (int j = 0; j < V; ++j) {
@@ -488,7 +546,7 @@ static void cuba_bwd_rows(const float* e, const float* g, float* o, int64_t T,
 }
 
 torch::Tensor cuba_bwd(torch::Tensor ex, torch::Tensor gs, double A, double dv,
-                       double dc, bool shift) {
+                       double dc, bool shift, bool inline_exp) {
   const int64_t T = ex.size(1), R = ex.size(0);
   auto gz = torch::empty_like(ex);
   const float* e = ex.data_ptr<float>();
@@ -497,9 +555,16 @@ torch::Tensor cuba_bwd(torch::Tensor ex, torch::Tensor gs, double A, double dv,
   const float a = (float)A, fv = (float)dv, fc = (float)dc;
   int64_t grain = std::max<int64_t>(V, (32768 / std::max<int64_t>(T, 1)) / V * V);
   at::parallel_for(0, (R + V - 1) / V, std::max<int64_t>(1, grain / V), [&](int64_t bb, int64_t ee) {
-    cuba_bwd_rows(e, g, o, T, a, fv, fc, shift ? 1 : 0, bb * V, std::min(R, ee * V));
+    cuba_bwd_rows(e, g, o, T, a, fv, fc, shift ? 1 : 0, inline_exp, bb * V, std::min(R, ee * V));
   });
   return gz;
+}
+
+// surrogate_exp over a tensor (tests compare it with torch.exp).
+torch::Tensor surrogate_exp_tensor(torch::Tensor x) {
+  auto y = x.clone();
+  surrogate_exp_inplace(y.data_ptr<float>(), y.numel());
+  return y;
 }
 
 // One-step time shift of [R, T] rows: forward y[t] = x[t-1], y[0] = 0;
@@ -598,42 +663,13 @@ static void sum_rows(const float* const* rows, int64_t nrows, int64_t off, int64
   }
 }
 
-torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_t SW,
-                             int64_t PH, int64_t PW, double max_density) {
-  const int64_t N = x.size(0), Ci = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
-  const int64_t Co = w.size(0), KH = w.size(2), KW = w.size(3);
-  const int64_t Ho = (H + 2 * PH - KH) / SH + 1, Wo = (W + 2 * PW - KW) / SW + 1;
-  const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  const int64_t K = Ci * KH * KW;
-  if (Ho <= 0 || Wo <= 0 || N * Ci * H * W * T == 0 || Co == 0) return torch::Tensor();
-
-  // weights on a grid with bounded channel sums (exactness, see above)
-  auto check_weights = [&]() -> bool {
-    std::atomic<bool> exact{true};
-    std::atomic<int> kmax{0};
-    std::vector<double> sums(Co, 0.0);
-    at::parallel_for(0, Co, 16, [&](int64_t b, int64_t e) {
-      int k;
-      double sm;
-      for (int64_t co = b; co < e; ++co) {
-        if (!weight_grid(wp + co * K, 1, K, &k, &sm)) { exact = false; return; }
-        sums[co] = sm;
-        int cur = kmax.load();
-        while (k > cur && !kmax.compare_exchange_weak(cur, k)) {}
-      }
-    });
-    const double summax = *std::max_element(sums.begin(), sums.end());
-    return exact && kmax.load() <= 60 && std::ldexp(summax, kmax.load()) < 16777216.0;
-  };
-  // check the cheaper condition first (unquantized weights fail without a pass over x)
-  const bool weights_checked = Co * K <= N * Ci * H * W * T;
-  if (weights_checked && !check_weights()) return torch::Tensor();
-
-  // Active input channels per position (n, h, w, t) as bit masks, 16 channels per
-  // uint16 word; also checks that every input is 0 or 1.
-  const int64_t HWT = H * W * T, CiW = (Ci + 15) / 16;
-  std::vector<uint16_t> mask(N * HWT * CiW);
+// Active input channels per position (n, h, w, t) of x [N, Ci, H*W*T] as bit masks,
+// 16 channels per uint16 word: mask[(n * HWT + q) * CiW + cw]. Returns false if some
+// input is neither 0 nor 1; *active_out = number of ones.
+static bool spike_masks(const float* xp, int64_t N, int64_t Ci, int64_t HWT,
+                        std::vector<uint16_t>& mask, int64_t* active_out) {
+  const int64_t CiW = (Ci + 15) / 16;
+  mask.assign(N * HWT * CiW, 0);
   std::atomic<bool> binary{true};
   std::atomic<int64_t> active{0};
   at::parallel_for(0, N * ((HWT + 15) / 16), 1, [&](int64_t b, int64_t e) {
@@ -668,11 +704,52 @@ torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64
     if (bad) binary = false;
     active += ones;
   });
+  *active_out = active.load();
+  return binary.load();
+}
+
+torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_t SW,
+                             int64_t PH, int64_t PW, double max_density) {
+  const int64_t N = x.size(0), Ci = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
+  const int64_t Co = w.size(0), KH = w.size(2), KW = w.size(3);
+  const int64_t Ho = (H + 2 * PH - KH) / SH + 1, Wo = (W + 2 * PW - KW) / SW + 1;
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  const int64_t K = Ci * KH * KW;
+  if (Ho <= 0 || Wo <= 0 || N * Ci * H * W * T == 0 || Co == 0) return torch::Tensor();
+
+  // weights on a grid with bounded channel sums (exactness, see above)
+  auto check_weights = [&]() -> bool {
+    std::atomic<bool> exact{true};
+    std::atomic<int> kmax{0};
+    std::vector<double> sums(Co, 0.0);
+    at::parallel_for(0, Co, 16, [&](int64_t b, int64_t e) {
+      int k;
+      double sm;
+      for (int64_t co = b; co < e; ++co) {
+        if (!weight_grid(wp + co * K, 1, K, &k, &sm)) { exact = false; return; }
+        sums[co] = sm;
+        int cur = kmax.load();
+        while (k > cur && !kmax.compare_exchange_weak(cur, k)) {}
+      }
+    });
+    const double summax = *std::max_element(sums.begin(), sums.end());
+    return exact && kmax.load() <= 60 && std::ldexp(summax, kmax.load()) < 16777216.0;
+  };
+  // check the cheaper condition first (unquantized weights fail without a pass over x)
+  const bool weights_checked = Co * K <= N * Ci * H * W * T;
+  if (weights_checked && !check_weights()) return torch::Tensor();
+
+  // Active input channels per position as bit masks; also checks that every input is 0 or 1.
+  const int64_t HWT = H * W * T, CiW = (Ci + 15) / 16;
+  std::vector<uint16_t> mask;
+  int64_t active = 0;
+  const bool binary = spike_masks(xp, N, Ci, HWT, mask, &active);
   // not exact (non-spike input), or too dense for this to beat F.conv3d
-  if (!binary || (double)active.load() > max_density * (double)(N * Ci * HWT)) return torch::Tensor();
+  if (!binary || (double)active > max_density * (double)(N * Ci * HWT)) return torch::Tensor();
   if (!weights_checked && !check_weights()) return torch::Tensor();
   // no input spike at all: every output is the empty sum
-  if (active.load() == 0) return torch::zeros({N, Co, Ho, Wo, T}, x.options());
+  if (active == 0) return torch::zeros({N, Co, Ho, Wo, T}, x.options());
 
   // weights as [KH][KW][Ci][CoP] (output channel contiguous, zero padded to 16)
   const int64_t CoP = (Co + 15) / 16 * 16;
@@ -762,9 +839,141 @@ torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64
   });
   return z;
 }
+
+// ---- "fast" gradients (enable(gradients="fast")): not bit-identical to SLAYER ----
+//
+// Weight gradient of a Conv/Dense synapse for 0/1 inputs:
+//   gw[co, ci, kh, kw] = sum of g[n, co, ho, wo, t] over the output positions whose
+//                        input x[n, ci, ho*SH - PH + kh, wo*SW - PW + kw, t] is 1,
+// so the work is proportional to the number of input spikes (oneDNN's dense
+// backward does the multiply-adds for the zeros too). The sum runs over positions in
+// (n, ho, wo, t) order, in float32 within a sample (WG_COPIES partial sums by time
+// step) and float64 across samples:
+// deterministic and independent of the thread count, and as accurate as oneDNN's
+// float32 reduction; it differs from it by rounding (order) only. Returns an
+// undefined tensor if an input is not 0/1 or more than max_density of the inputs
+// are 1 (the caller then uses oneDNN).
+// Accumulator copies, one per time step modulo WG_COPIES: consecutive time steps
+// add into different rows, so the read-modify-writes do not wait on each other.
+constexpr int WG_COPIES = 4;
+
+template <int NV>
+static void wgrad_block(const uint16_t* mask, const float* gT, double* dacc, float* acc,
+                        int64_t N, int64_t H, int64_t W, int64_t T, int64_t CiW, int64_t cw,
+                        int64_t Ho, int64_t Wo, int64_t CoP, int64_t ob0, int64_t KH, int64_t KW,
+                        int64_t SH, int64_t SW, int64_t PH, int64_t PW) {
+  const int64_t KK = KH * KW, row = 16 * NV, item = KK * 16 * row;
+  std::vector<const uint16_t*> mb(KK);
+  std::vector<int64_t> kb(KK);
+  std::fill(dacc, dacc + item, 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    std::fill(acc, acc + WG_COPIES * item, 0.f);
+    for (int64_t ho = 0; ho < Ho; ++ho)
+      for (int64_t wo = 0; wo < Wo; ++wo) {
+        int64_t nk = 0;  // kernel offsets with an input inside the image
+        for (int64_t kh = 0; kh < KH; ++kh) {
+          const int64_t hi = ho * SH - PH + kh;
+          if (hi < 0 || hi >= H) continue;
+          for (int64_t kw = 0; kw < KW; ++kw) {
+            const int64_t wi = wo * SW - PW + kw;
+            if (wi < 0 || wi >= W) continue;
+            mb[nk] = mask + ((n * H + hi) * W + wi) * T * CiW + cw;
+            kb[nk] = (kh * KW + kw) * 16 * row;
+            ++nk;
+          }
+        }
+        const float* grow = gT + ((n * Ho + ho) * Wo + wo) * T * CoP + ob0;
+        for (int64_t t = 0; t < T; ++t) {
+          bool any = false;
+          for (int64_t k = 0; k < nk; ++k) any |= mb[k][t * CiW] != 0;
+          if (!any) continue;
+          __m512 g[NV];
+          for (int v = 0; v < NV; ++v) g[v] = _mm512_loadu_ps(grow + t * CoP + 16 * v);
+          float* acct = acc + (t % WG_COPIES) * item;
+          for (int64_t k = 0; k < nk; ++k) {
+            uint32_t bits = mb[k][t * CiW];
+            while (bits) {
+              float* a = acct + kb[k] + __builtin_ctz(bits) * row;
+              for (int v = 0; v < NV; ++v)
+                _mm512_storeu_ps(a + 16 * v, _mm512_add_ps(_mm512_loadu_ps(a + 16 * v), g[v]));
+              bits &= bits - 1u;
+            }
+          }
+        }
+      }
+    for (int64_t i = 0; i < item; ++i) {
+      double s = 0.0;
+      for (int c = 0; c < WG_COPIES; ++c) s += (double)acc[c * item + i];
+      dacc[i] += s;
+    }
+  }
+}
+
+torch::Tensor spike_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, int64_t KW,
+                                int64_t SH, int64_t SW, int64_t PH, int64_t PW, double max_density) {
+  const int64_t N = x.size(0), Ci = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
+  const int64_t Co = g.size(1), Ho = g.size(2), Wo = g.size(3);
+  const int64_t HWT = H * W * T, CiW = (Ci + 15) / 16, KK = KH * KW, P = Ho * Wo * T;
+  std::vector<uint16_t> mask;
+  int64_t active = 0;
+  if (!spike_masks(x.data_ptr<float>(), N, Ci, HWT, mask, &active) ||
+      (double)active > max_density * (double)(N * Ci * HWT))
+    return torch::Tensor();  // not 0/1, or too dense for this to beat oneDNN
+  auto gw = torch::zeros({Co, Ci, KH, KW}, g.options());
+  if (active == 0 || P == 0) return gw;
+
+  // g as [N][Ho*Wo*T][CoP] (output channel contiguous, zero padded to 16)
+  const int64_t CoP = (Co + 15) / 16 * 16, CoV = CoP / 16;
+  std::vector<float> gT(N * P * CoP, 0.f);
+  const float* gp = g.data_ptr<float>();
+  const int64_t PB = (P + 15) / 16;
+  at::parallel_for(0, N * CoV * PB, 16, [&](int64_t b, int64_t e) {
+    __m512 r[16];
+    for (int64_t it = b; it < e; ++it) {
+      const int64_t n = it / (CoV * PB), cv = (it / PB) % CoV, p0 = (it % PB) * 16;
+      const int64_t nc = std::min<int64_t>(16, Co - cv * 16), np = std::min<int64_t>(16, P - p0);
+      const __mmask16 pm = (__mmask16)((1u << np) - 1u);
+      for (int j = 0; j < 16; ++j)
+        r[j] = j < nc ? _mm512_maskz_loadu_ps(pm, gp + ((n * Co + cv * 16 + j) * P + p0)) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int64_t i = 0; i < np; ++i) _mm512_storeu_ps(gT.data() + (n * P + p0 + i) * CoP + cv * 16, r[i]);
+    }
+  });
+
+  // work items: 16 input channels (one mask word) x up to 128 output channels;
+  // each item's accumulators (WG_COPIES x KK x 16 x 128 floats for 3x3: 288 KB) stay in L2
+  const int64_t NV = std::min<int64_t>(CoV, 8), OB = (CoV + NV - 1) / NV;
+  float* gwp = gw.data_ptr<float>();
+  at::parallel_for(0, CiW * OB, 1, [&](int64_t b, int64_t e) {
+    const int64_t row = 16 * NV, item = KK * 16 * row;
+    std::vector<float> acc(WG_COPIES * item);
+    std::vector<double> dacc(item);
+    for (int64_t it = b; it < e; ++it) {
+      const int64_t cw = it / OB, ob0 = (it % OB) * row;
+      const int64_t nv = std::min<int64_t>(NV, CoV - ob0 / 16);
+      // the last block may be narrower (nv < NV); accumulators use its own row width
+      switch (nv) {
+#define NF_WG(K) case K: wgrad_block<K>(mask.data(), gT.data(), dacc.data(), acc.data(), N, H, W, T, CiW, cw, \
+                                        Ho, Wo, CoP, ob0, KH, KW, SH, SW, PH, PW); break;
+        NF_WG(1) NF_WG(2) NF_WG(3) NF_WG(4) NF_WG(5) NF_WG(6) NF_WG(7) default: NF_WG(8)
+#undef NF_WG
+      }
+      const int64_t rowv = 16 * nv;
+      for (int64_t j = 0; j < 16 && cw * 16 + j < Ci; ++j)
+        for (int64_t k = 0; k < KK; ++k)
+          for (int64_t o = 0; o < rowv && ob0 + o < Co; ++o)
+            gwp[((ob0 + o) * Ci + cw * 16 + j) * KK + k] = (float)dacc[(k * 16 + j) * rowv + o];
+    }
+  });
+  return gw;
+}
 #else
 torch::Tensor spike_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, double) {
   return torch::Tensor();  // no AVX-512: the caller uses F.conv3d
+}
+torch::Tensor spike_weight_grad(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                double) {
+  return torch::Tensor();  // no AVX-512: the caller uses oneDNN
 }
 #endif
 
@@ -855,7 +1064,8 @@ torch::Tensor pool_bwd(torch::Tensor g, torch::Tensor w, int64_t H, int64_t W) {
 }
 """
 
-_FUNCTIONS = ["li_fwd", "li_bwd", "cuba_fwd", "cuba_bwd", "shift1", "spike_conv_fwd", "pool_fwd", "pool_bwd"]
+_FUNCTIONS = ["li_fwd", "li_bwd", "cuba_fwd", "cuba_bwd", "shift1", "spike_conv_fwd", "spike_weight_grad",
+              "pool_fwd", "pool_bwd", "surrogate_exp_tensor"]
 
 _ext = None
 _ext_error: str | None = None
@@ -999,8 +1209,11 @@ class _FusedCuba(torch.autograd.Function):
         T = grad_spike.shape[-1]
         # Spike's surrogate: scale_rho / 2 / tau_rho * torch.exp(-|v - th| / tau_rho);
         # exp is taken by torch on a same-shaped tensor of identical values.
-        ex = torch.exp(earg)
-        gz = _ext.cuba_bwd(ex, grad_spike.contiguous().view(-1, T), p["A"], p["dv"], p["dc"], ctx.shift)
+        if _gradients == "fast":  # surrogate_exp inside the kernel (within 2 ulp, see the C++)
+            gz = _ext.cuba_bwd(earg, grad_spike.contiguous().view(-1, T), p["A"], p["dv"], p["dc"], ctx.shift, True)
+        else:
+            ex = torch.exp(earg)
+            gz = _ext.cuba_bwd(ex, grad_spike.contiguous().view(-1, T), p["A"], p["dv"], p["dc"], ctx.shift, False)
         return gz.view(grad_spike.shape), None, None, None, None, None, None
 
 
@@ -1027,6 +1240,12 @@ class _Shift1(torch.autograd.Function):
 # (measured break-even against F.conv3d at ~20-30 % for the S-VGG9 layer shapes).
 _SPARSE_MIN_FANIN = 64
 _SPARSE_MAX_DENSITY = 0.15
+# "fast" gradients: spike-driven weight gradient for convolutions (not 1x1: dense
+# layers are a plain GEMM for oneDNN) with >= 32 input channels and <= 20 % active
+# inputs; measured break-even against oneDNN's weight gradient at ~16 channels /
+# 2-5 % and ~30 % for the S-VGG9 shapes (benchmarks/train_throughput.py).
+_SPARSE_GRAD_MIN_CHANNELS = 32
+_SPARSE_GRAD_MAX_DENSITY = 0.2
 
 
 class _SpikeConv(torch.autograd.Function):
@@ -1054,11 +1273,21 @@ class _SpikeConv(torch.autograd.Function):
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         stride, padding = ctx.conf
-        gx, gw, _ = torch.ops.aten.convolution_backward(
-            g, x, w, None, stride, padding, [1, 1, 1], False, [0, 0, 0], 1,
-            [ctx.needs_input_grad[0], ctx.needs_input_grad[1], False],
-        )
-        return gx, gw, None, None
+        need_x, need_w = ctx.needs_input_grad[:2]
+        gw = None
+        if _gradients == "fast" and need_w and x.shape[1] >= _SPARSE_GRAD_MIN_CHANNELS and w.shape[2] * w.shape[3] > 1:
+            # spike-driven weight gradient (None: input not 0/1, or too dense to pay off)
+            gw = _ext.spike_weight_grad(x, g.contiguous(), w.shape[2], w.shape[3], stride[0], stride[1],
+                                        padding[0], padding[1], _SPARSE_GRAD_MAX_DENSITY)
+        if gw is None:
+            gx, gw, _ = torch.ops.aten.convolution_backward(
+                g, x, w, None, stride, padding, [1, 1, 1], False, [0, 0, 0], 1, [need_x, need_w, False])
+            return gx, gw, None, None
+        gx = None
+        if need_x:
+            gx = torch.ops.aten.convolution_backward(
+                g, x, w, None, stride, padding, [1, 1, 1], False, [0, 0, 0], 1, [True, False, False])[0]
+        return gx, gw.view(w.shape), None, None
 
 
 class _PoolFn(torch.autograd.Function):
@@ -1094,6 +1323,8 @@ class _PoolFn(torch.autograd.Function):
 # --------------------------------------------------------------------------- #
 _orig: dict = {}
 _enabled = False
+GRADIENTS = ("exact", "fast")
+_gradients = "exact"  # set by enable(gradients=...)
 _cuba = None  # lava.lib.dl.slayer.neuron.cuba, set by enable()
 _quantize = None  # lava.lib.dl.slayer.utils.quantize, set by enable()
 _base = None  # lava.lib.dl.slayer.block.base, set by enable()
@@ -1375,13 +1606,22 @@ def tune_malloc() -> bool:
     return ok
 
 
-def enable(verbose: bool = False, malloc: bool = True) -> bool:
+def enable(verbose: bool = False, malloc: bool = True, gradients: str | None = None) -> bool:
     """Patch SLAYER's CPU paths with the fast kernels. Returns True if active.
 
+    ``gradients="exact"`` (the initial setting): spikes and gradients bit-identical to
+    stock SLAYER. ``"fast"``: the same spikes (forward unchanged), and gradients
+    from the spike-driven weight-gradient kernel and an inline surrogate exp, equal
+    to SLAYER's up to float32 rounding (see "Fast gradients" in the module notes);
+    ``None`` keeps the current setting.
     ``malloc=True`` also applies :func:`tune_malloc` (process-wide, irreversible).
     If the extension cannot be compiled, SLAYER stays stock and a one-line warning
     is issued."""
-    global _enabled
+    global _enabled, _gradients
+    if gradients is not None:
+        if gradients not in GRADIENTS:
+            raise ValueError(f"fast_cuba.enable: gradients={gradients!r}; allowed: {', '.join(GRADIENTS)}")
+        _gradients = gradients
     if malloc:
         tune_malloc()
     if _enabled:
@@ -1420,15 +1660,23 @@ def is_enabled() -> bool:
     return _enabled
 
 
+def gradients() -> str:
+    """The gradient mode set by :func:`enable`: "exact" or "fast"."""
+    return _gradients
+
+
 @contextlib.contextmanager
-def enabled(flag: bool = True):
-    """Context manager: run the body with the fast path on (default) or off."""
-    before = _enabled
-    active = enable() if flag else (disable() or False)
+def enabled(flag: bool = True, gradients: str | None = None):
+    """Context manager: run the body with the fast path on (default) or off, and
+    optionally in another gradient mode; restores both afterwards."""
+    global _gradients
+    before, before_gradients = _enabled, _gradients
+    active = enable(gradients=gradients) if flag else (disable() or False)
     try:
         yield active
     finally:
         if before:
-            enable()
+            enable(gradients=before_gradients)
         else:
             disable()
+            _gradients = before_gradients

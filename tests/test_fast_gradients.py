@@ -1,0 +1,176 @@
+"""fast_cuba's "fast" gradient mode: same spikes as stock SLAYER, gradients within a
+stated float32 rounding tolerance.
+
+The tolerance is checked against a float64 reference (the mode must be at least as
+accurate as a float32 sum can be) and against stock SLAYER itself. For scale: stock
+SLAYER's own weight gradients change by ~2e-6 (relative to the largest entry)
+between 1 and 2 torch threads, because oneDNN's reduction order depends on the
+thread count.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neurofed.compat import slayer as _slayer_import
+
+slayer = _slayer_import()
+fast_cuba = pytest.importorskip("neurofed.models.fast_cuba")
+
+if not fast_cuba.is_available():  # pragma: no cover - no C++ toolchain
+    pytest.skip(f"fast_cuba extension unavailable: {fast_cuba._ext_error}", allow_module_level=True)
+
+from test_fast_cuba import NEURON, _CountingExt, bits, quantize_8bit, spikes  # noqa: E402
+
+# Relative to the largest |entry| of the stock gradient tensor. Measured: <= 5e-7
+# for the network below (stock itself moves by ~2e-6 between thread counts).
+STOCK_TOLERANCE = 1e-5
+
+
+def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (bits(a).long() - bits(b).long()).abs()
+
+
+def conv_weight_grad(x, g, w, stride, padding, dtype=torch.float32):
+    return torch.ops.aten.convolution_backward(
+        g.to(dtype), x.to(dtype), w.to(dtype), None, (stride, stride, 1), (padding, padding, 0), (1, 1, 1),
+        False, (0, 0, 0), 1, (False, True, False))[1]
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def test_surrogate_exp_within_one_ulp_of_torch_exp():
+    x = torch.cat([torch.linspace(-87.33, 0.0, 1_000_003), torch.tensor([0.0, -0.0, -1e-30, -87.33])])
+    ours = fast_cuba._ext.surrogate_exp_tensor(x)
+    assert ulps(ours, torch.exp(x)).max().item() <= 1
+    # below the normal range torch.exp returns subnormals; the kernel returns 0
+    tiny = torch.linspace(-300.0, -87.34, 10_001)
+    assert torch.exp(tiny).max().item() < torch.finfo(torch.float32).tiny
+    assert torch.equal(fast_cuba._ext.surrogate_exp_tensor(tiny), torch.zeros_like(tiny))
+
+
+WGRAD_CASES = [  # N, Ci, Co, H, W, T, kernel, stride, padding, spike probability
+    (2, 3, 5, 6, 7, 5, 3, 1, 1, 0.3),
+    (2, 17, 33, 5, 5, 4, 3, 2, 1, 0.2),
+    (3, 16, 32, 4, 4, 16, 3, 1, 1, 0.3),
+    (2, 40, 150, 6, 5, 8, 3, 1, 0, 0.1),  # two output-channel blocks, no padding
+    (2, 33, 20, 7, 7, 6, 5, 2, 2, 0.05),
+    (2, 64, 64, 16, 16, 16, 3, 1, 1, 0.1),
+]
+
+
+@pytest.mark.parametrize("N, Ci, Co, H, W, T, k, stride, pad, p", WGRAD_CASES)
+def test_spike_weight_grad_is_a_correctly_ordered_float32_sum(N, Ci, Co, H, W, T, k, stride, pad, p):
+    x = spikes(N, Ci, H, W, T, p=p, seed=N * Ci)
+    w = torch.randn(Co, Ci, k, k, 1)
+    Ho, Wo = (H + 2 * pad - k) // stride + 1, (W + 2 * pad - k) // stride + 1
+    g = torch.randn(N, Co, Ho, Wo, T, generator=torch.Generator().manual_seed(Co))
+    ours = fast_cuba._ext.spike_weight_grad(x, g, k, k, stride, stride, pad, pad, 1.0).view(w.shape)
+    exact = conv_weight_grad(x, g, w, stride, pad, torch.float64)
+    magnitude = conv_weight_grad(x, g.abs(), w, stride, pad, torch.float64)  # sum of |terms|
+    stock = conv_weight_grad(x, g, w, stride, pad)
+    # float32 summation bound with a per-sample partial sum of n terms: ~n u sum|terms|;
+    # in practice far below it: 2e-7 of sum|terms| leaves a margin of ~10x here
+    err = (ours.double() - exact).abs()
+    assert (err <= 2e-7 * magnitude + 1e-30).all(), (err / magnitude.clamp_min(1e-30)).max().item()
+    assert (ours - stock).abs().max() <= STOCK_TOLERANCE * stock.abs().max()
+
+
+def test_spike_weight_grad_does_not_depend_on_the_thread_count():
+    x, g = spikes(4, 48, 12, 12, 16, p=0.1), torch.randn(4, 40, 12, 12, 16)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = fast_cuba._ext.spike_weight_grad(x, g, 3, 3, 1, 1, 1, 1, 1.0)
+        torch.set_num_threads(2)
+        two = fast_cuba._ext.spike_weight_grad(x, g, 3, 3, 1, 1, 1, 1, 1.0)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(bits(one), bits(two))
+
+
+def test_spike_weight_grad_declines_graded_and_dense_inputs():
+    g = torch.randn(2, 8, 5, 5, 4)
+    graded = spikes(2, 32, 5, 5, 4) * 0.5
+    assert fast_cuba._ext.spike_weight_grad(graded, g, 3, 3, 1, 1, 1, 1, 1.0) is None
+    dense = spikes(2, 32, 5, 5, 4, p=0.5)
+    assert fast_cuba._ext.spike_weight_grad(dense, g, 3, 3, 1, 1, 1, 1, 0.2) is None
+    silent = torch.zeros(2, 32, 5, 5, 4)
+    assert torch.equal(fast_cuba._ext.spike_weight_grad(silent, g, 3, 3, 1, 1, 1, 1, 0.2),
+                       torch.zeros(8, 32, 3, 3))
+
+
+# --------------------------------------------------------------------------- network
+
+
+def make_net():
+    cuba = slayer.block.cuba
+
+    def conv(i, o):
+        return cuba.Conv(NEURON, i, o, 3, padding=1, weight_scale=3, weight_norm=False, pre_hook_fx=quantize_8bit)
+
+    return torch.nn.Sequential(conv(2, 32), conv(32, 48), cuba.Pool(NEURON, 2), conv(48, 32), cuba.Flatten(),
+                               cuba.Dense(NEURON, 32 * 4 * 4, 10, weight_scale=3, pre_hook_fx=quantize_8bit))
+
+
+def step(gradients: str | None):
+    """One forward/backward pass of make_net() on fixed spikes; stock SLAYER if None."""
+    torch.manual_seed(0)
+    net = make_net()
+    x = spikes(3, 2, 8, 8, 16, p=0.3, seed=5).requires_grad_(True)
+    with fast_cuba.enabled(gradients is not None, gradients=gradients):
+        out = net(x)
+        weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(9))
+        (out * weight).sum().backward()
+    grads = {name: p.grad for name, p in net.named_parameters() if p.grad is not None}
+    grads["input"] = x.grad
+    return out.detach(), grads
+
+
+def test_network_step_same_spikes_and_gradients_within_tolerance(monkeypatch):
+    counter = _CountingExt(fast_cuba._ext)
+    monkeypatch.setattr(fast_cuba, "_ext", counter)
+    stock_out, stock = step(None)
+    exact_out, exact = step("exact")
+    calls_before = len(counter.calls)
+    fast_out, fast = step("fast")
+    fast_calls = counter.calls[calls_before:]
+    # the fast mode really ran its kernels: spike weight gradients for the 32- and
+    # 48-channel convolutions, and the neuron backward with the inline exp
+    assert fast_calls.count("spike_weight_grad") == 2
+    assert fast_cuba.gradients() == "exact"  # enabled() restored the mode
+    assert stock_out.sum() > 0
+    assert torch.equal(bits(stock_out), bits(fast_out)) and torch.equal(bits(stock_out), bits(exact_out))
+    assert stock.keys() == fast.keys() == exact.keys()
+    assert any(not torch.equal(bits(stock[n]), bits(fast[n])) for n in stock)  # another summation did run
+    for name in stock:
+        assert torch.equal(bits(stock[name]), bits(exact[name])), name  # the exact mode is exact
+        scale = stock[name].abs().max()
+        assert scale > 0, name
+        assert (fast[name] - stock[name]).abs().max() <= STOCK_TOLERANCE * scale, name
+
+
+def test_gradient_mode_is_validated():
+    with pytest.raises(ValueError, match="gradients='approx'; allowed: exact, fast"):
+        fast_cuba.enable(gradients="approx")
+    assert fast_cuba.gradients() in fast_cuba.GRADIENTS
+
+
+def test_run_with_fast_gradients_trains_through_the_fast_kernels(tiny_cfg, tmp_path, monkeypatch):
+    import json
+
+    from neurofed.fl.runner import run
+
+    counter = _CountingExt(fast_cuba._ext)
+    monkeypatch.setattr(fast_cuba, "_ext", counter)
+    cfg = tiny_cfg(**{"model.name": "vgg5", "model.width": 0.5, "federation.fast_gradients": True})
+    try:
+        run(cfg, tmp_path, progress=False)
+        assert fast_cuba.gradients() == "fast"
+    finally:
+        fast_cuba.enable(gradients="exact")
+    assert counter.calls.count("spike_weight_grad") > 0  # vgg5 at width 0.5: convs with 32+ input channels
+    rounds = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rounds) == 2 and all(0.0 <= r["accuracy"] <= 1.0 for r in rounds)
