@@ -1,23 +1,30 @@
 """Local training throughput: stock lava-dl SLAYER CPU path vs neurofed's fast path.
 
-Trains (forward + backward + Adam step, cross-entropy on spike rates) two networks
+Trains (forward + backward + Adam step, cross-entropy on spike rates) networks
 built directly from ``slayer.block.cuba`` blocks:
 
 * digits CNN: 1x8x8 input, conv 1->16 3x3 pad 1, pool 2, conv 16->32 3x3 pad 1,
   flatten, dense 512->10; T=16, batch 32;
 * S-VGG9 at 32x32: 3 input channels, 64,64,P,128,128,P,256,256,256,P, fc 1024, fc 10
-  (a few batches, small batch).
+  (a few batches, small batch), twice: weight scale 1 (the last seven blocks are
+  silent at initialization) and "svgg9-live", weight scale 4 (every block spikes).
 
 Inputs are Poisson (Bernoulli per time step) spike trains of random intensities.
 
-Stock and fast run in two worker processes started the same way (same seeds, same
-batches, same thread settings); the parent alternates short rounds between them so
-both see the same machine load. Samples/s come from each path's fastest training
-step (timeit's convention: on a shared machine it is the least disturbed one); the
-medians are printed too.
-The stock worker never imports neurofed.models.fast_cuba; the fast worker calls
-``fast_cuba.enable()`` (which includes its allocator setting, ``tune_malloc``). After the timed rounds both workers have taken the same
-optimizer steps on the same data; the script compares their parameters bit for bit.
+Three paths run in worker processes started the same way (same seeds, same batches,
+same thread settings): stock SLAYER, ``fast`` (fast_cuba, bit-exact) and ``fast-grad``
+(fast_cuba with ``gradients="fast"``: same spikes, gradients equal up to float32
+rounding). The parent rotates short rounds between them so all see the same machine
+load. Samples/s come from each path's fastest training step (timeit's convention: on
+a shared machine it is the least disturbed one); the medians are printed too.
+The stock worker never imports neurofed.models.fast_cuba; the others call
+``fast_cuba.enable()`` (which includes its allocator setting, ``tune_malloc``).
+Before training, every worker computes the output spikes and weight gradients of the
+first batch from the same initial parameters: fast-grad's must match stock's spikes
+bit for bit and its gradients within float32 rounding (printed as the largest
+relative difference, next to stock's own difference between 1 and 2 threads). After
+the timed rounds stock and fast have taken the same optimizer steps on the same
+data; the script compares their parameters bit for bit.
 Then it profiles a few more digits steps of the fast path (torch.profiler; these come
 after the comparison) and prints where a step's time goes.
 
@@ -59,13 +66,17 @@ def build_net(name: str):
     def q8(x, descale=False):
         return slayer.utils.quantize_hook_fx(x, scale=64, num_bits=8, descale=descale)
 
+    # svgg9-live: weight_scale 4 instead of 1, so that every layer spikes at
+    # initialization (as in a trained network); with 1 the last 7 blocks are silent
+    scale = 4 if name == "svgg9-live" else 1
+
     def conv(i, o):
-        return cuba.Conv(NEURON, i, o, 3, padding=1, weight_scale=1, weight_norm=False, pre_hook_fx=q8)
+        return cuba.Conv(NEURON, i, o, 3, padding=1, weight_scale=scale, weight_norm=False, pre_hook_fx=q8)
 
     if name == "digits":
         blocks = [conv(1, 16), cuba.Pool(NEURON, 2), conv(16, 32), cuba.Flatten(),
                   cuba.Dense(NEURON, 32 * 4 * 4, 10, pre_hook_fx=q8)]
-    elif name == "svgg9":
+    elif name in ("svgg9", "svgg9-live"):
         blocks, c = [], 3
         for v in (64, 64, "P", 128, 128, "P", 256, 256, 256, "P"):
             if v == "P":
@@ -73,8 +84,8 @@ def build_net(name: str):
             else:
                 blocks.append(conv(c, v))
                 c = v
-        blocks += [cuba.Flatten(), cuba.Dense(NEURON, c * 4 * 4, 1024, pre_hook_fx=q8),
-                   cuba.Dense(NEURON, 1024, 10, pre_hook_fx=q8)]
+        blocks += [cuba.Flatten(), cuba.Dense(NEURON, c * 4 * 4, 1024, weight_scale=scale, pre_hook_fx=q8),
+                   cuba.Dense(NEURON, 1024, 10, weight_scale=scale, pre_hook_fx=q8)]
     else:
         raise ValueError(name)
     return torch.nn.Sequential(*blocks)
@@ -95,21 +106,52 @@ def make_batches(name: str, batch: int, T: int, n: int):
 
 
 # ----------------------------------------------------------------------------- worker
+# stock SLAYER; fast_cuba with exact gradients; fast_cuba with gradients="fast"
+MODES = ("stock", "fast", "fast-grad")
+
+
+def max_rel_diff(a: dict, b: dict) -> tuple[float, str]:
+    """Largest max|a - b| / max|a| over the tensors of two gradient dicts, and where."""
+    import numpy as np
+
+    worst = (0.0, "")
+    for name, ga in a.items():
+        scale = float(np.abs(ga).max())
+        if scale > 0:
+            worst = max(worst, (float(np.abs(ga.astype(np.float64) - b[name]).max()) / scale, name))
+    return worst
+
+
 def worker(conn, mode: str, name: str, batch: int, T: int, nbatches: int, threads: int | None):
     import torch
 
     if threads:
         torch.set_num_threads(threads)
     info = {}
-    if mode == "fast":
+    if mode != "stock":
         from neurofed.models import fast_cuba
 
-        info["fast_enabled"] = fast_cuba.enable()
+        info["fast_enabled"] = fast_cuba.enable(gradients="fast" if mode == "fast-grad" else "exact")
     torch.manual_seed(0)
     net = build_net(name)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     batches = make_batches(name, batch, T, nbatches)
     state = {"i": 0}
+
+    # Spikes of every block and weight gradients for the first batch from the initial
+    # parameters (the same in every worker), for the tolerance check of fast-grad. The
+    # loss weighs every block's spikes (fixed random weights), so every layer gets a
+    # gradient even where the layers above it are still silent at initialization.
+    h, loss, digest = batches[0][0], 0.0, hashlib.sha256()
+    gen = torch.Generator().manual_seed(99)
+    for blk in net:
+        h = blk(h)
+        digest.update(h.detach().numpy().tobytes())
+        loss = loss + (h * torch.randn(h.shape, generator=gen)).mean()
+    loss.backward()
+    info["out0"] = digest.hexdigest()[:16]
+    info["grads0"] = {n: p.grad.numpy().copy() for n, p in net.named_parameters() if p.grad is not None}
+    net.zero_grad(set_to_none=True)
 
     def step():
         x, y = batches[state["i"] % len(batches)]
@@ -194,7 +236,7 @@ def measure(name: str, batch: int, T: int, rounds: int, steps: int, warmup: int,
             threads: int | None, profile_steps: int = 0):
     ctx = mp.get_context("spawn")
     workers = {}
-    for mode in ("stock", "fast"):
+    for mode in MODES:
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=worker, args=(child, mode, name, batch, T, nbatches, threads), daemon=True)
         proc.start()
@@ -203,10 +245,10 @@ def measure(name: str, batch: int, T: int, rounds: int, steps: int, warmup: int,
     for mode, (conn, _) in workers.items():  # warm-up (first-call set-up, allocator, caches)
         conn.send(("steps", warmup))
         conn.recv()
-    times = {"stock": [], "fast": []}
-    cpu = {"stock": [], "fast": []}
-    for r in range(rounds):  # alternate so both see the same machine load
-        order = ("stock", "fast") if r % 2 == 0 else ("fast", "stock")
+    times = {m: [] for m in MODES}
+    cpu = {m: [] for m in MODES}
+    for r in range(rounds):  # rotate the order so all paths see the same machine load
+        order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
         for mode in order:
             conn = workers[mode][0]
             conn.send(("steps", steps))
@@ -260,13 +302,18 @@ def main(argv=None):
     emit("# baseline: stock lava-dl 0.6.0 SLAYER CPU path (Python time-step loop, int64 fixed point)")
     emit("# fast:     neurofed.models.fast_cuba.enable(): fused C++ CUBA neuron kernels (+ one-step delay),")
     emit("#           spike-driven synapse forward, pooling kernels; bit-identical spikes and gradients")
+    emit("# fast-grad: fast_cuba.enable(gradients='fast'): the same, plus spike-driven conv weight gradients and")
+    emit("#           the surrogate exp inside the neuron backward; identical spikes, gradients within float32")
+    emit("#           rounding of stock (checked below on the first batch)")
     emit("")
     settings = [None if t.strip() in ("default", "0", "") else int(t) for t in args.threads.split(",")]
     cases = [
         ("digits", args.digits_batch, args.digits_T, args.digits_rounds, args.digits_steps),
         ("svgg9", args.svgg9_batch, args.svgg9_T, args.svgg9_rounds, args.svgg9_steps),
+        ("svgg9-live", args.svgg9_batch, args.svgg9_T, args.svgg9_rounds, args.svgg9_steps),
     ]
     first = None
+    stock_grads = {}  # (network, threads) -> stock gradients of the first batch
     for threads in settings:
         results = {}
         for name, batch, T, rounds, steps in cases:
@@ -278,22 +325,29 @@ def main(argv=None):
             best = {m: min(v) for m, v in times.items()}
             med = {m: statistics.median(v) for m, v in times.items()}
             sps = {m: batch / best[m] for m in best}
-            ratio = best["stock"] / best["fast"]
-            results[name] = (sps["stock"], sps["fast"], ratio)
+            ratio = {m: best["stock"] / best[m] for m in MODES}
+            results[name] = (sps["stock"], sps["fast"], ratio["fast"], sps["fast-grad"], ratio["fast-grad"])
             same = digests["stock"] == digests["fast"]
             emit(f"{name}: batch {batch}, T={T}, {len(times['stock'])} timed steps per path, "
                  f"torch threads {infos['stock']['threads']}{'' if threads else ' (default)'}")
-            for m in ("stock", "fast"):
-                emit(f"  {m:5s}: {sps[m]:9.1f} samples/s   best step {1e3 * best[m]:8.1f} ms "
+            for m in MODES:
+                emit(f"  {m:9s}: {sps[m]:9.1f} samples/s   best step {1e3 * best[m]:8.1f} ms "
                      f"(median {1e3 * med[m]:.1f}, max {1e3 * max(times[m]):.1f})")
-            emit(f"  ratio fast/stock: {ratio:.2f}x (best steps)   {med['stock'] / med['fast']:.2f}x (medians)")
+            for m in MODES[1:]:
+                emit(f"  ratio {m}/stock: {ratio[m]:.2f}x (best steps)   {med['stock'] / med[m]:.2f}x (medians)")
             # CPU time of the process per step: less sensitive to other jobs on the cores
             # (with one thread it is the step's own compute time)
             cbest = {m: min(v) for m, v in cpu.items()}
-            emit(f"  process CPU time per step, best: stock {1e3 * cbest['stock']:.1f} ms, fast "
-                 f"{1e3 * cbest['fast']:.1f} ms, ratio {cbest['stock'] / cbest['fast']:.2f}x")
-            emit(f"  parameters after {digests['stock'][0]} identical training steps on both paths: "
-                 f"{'bit-identical' if same else 'DIFFERENT'} (sha256 {digests['stock'][1]} vs {digests['fast'][1]})")
+            emit("  process CPU time per step, best: " + ", ".join(f"{m} {1e3 * cbest[m]:.1f} ms" for m in MODES)
+                 + "; ratios " + ", ".join(f"{cbest['stock'] / cbest[m]:.2f}x" for m in MODES[1:]))
+            emit(f"  fast: parameters after {digests['stock'][0]} identical training steps: "
+                 f"{'bit-identical' if same else 'DIFFERENT'} to stock (sha256 {digests['stock'][1]} vs {digests['fast'][1]})")
+            spikes_same = infos["stock"]["out0"] == infos["fast-grad"]["out0"]
+            rel, where = max_rel_diff(infos["stock"]["grads0"], infos["fast-grad"]["grads0"])
+            emit(f"  fast-grad: first batch from the initial parameters: spikes of every block "
+                 f"{'bit-identical' if spikes_same else 'DIFFERENT'} to stock; weight gradients within "
+                 f"{rel:.1e} of stock (max |diff| / max |stock| per tensor, worst: {where})")
+            stock_grads[(name, infos["stock"]["threads"])] = infos["stock"]["grads0"]
             emit("  spike rate per block output (after the timed steps): "
                  + " ".join(f"{a:.3f}" for a in activity))
             if profiled is not None:
@@ -304,11 +358,20 @@ def main(argv=None):
                 emit("  WARNING: the fast path could not be enabled (extension build failed)")
             emit("")
         first = first or results
+    for name, *_ in cases:  # the scale of the fast-grad tolerance: stock against itself
+        runs = sorted((th, g) for (n, th), g in stock_grads.items() if n == name)
+        if len(runs) == 2 and runs[0][0] != runs[1][0]:
+            rel, where = max_rel_diff(runs[0][1], runs[1][1])
+            emit(f"# stock SLAYER's own weight gradients, {name}, {runs[0][0]} vs {runs[1][0]} torch threads: "
+                 f"within {rel:.1e} (worst: {where}; oneDNN's reduction order depends on the thread count)")
     if hasattr(os, "getloadavg"):
         emit("# load average at end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
-    d, s = first["digits"], first["svgg9"]
+    d, s, v = first["digits"], first["svgg9"], first["svgg9-live"]
     emit(f"RESULT name=train_throughput digits_stock={d[0]:.1f} digits_fast={d[1]:.1f} digits_ratio={d[2]:.2f} "
-         f"svgg9_stock={s[0]:.2f} svgg9_fast={s[1]:.2f} svgg9_ratio={s[2]:.2f} ratio={d[2]:.2f}")
+         f"digits_fastgrad={d[3]:.1f} digits_fastgrad_ratio={d[4]:.2f} "
+         f"svgg9_stock={s[0]:.2f} svgg9_fast={s[1]:.2f} svgg9_ratio={s[2]:.2f} "
+         f"svgg9_fastgrad={s[3]:.2f} svgg9_fastgrad_ratio={s[4]:.2f} "
+         f"svgg9live_ratio={v[2]:.2f} svgg9live_fastgrad_ratio={v[4]:.2f} ratio={d[2]:.2f}")
     if args.save:
         report.save("train_throughput")
 

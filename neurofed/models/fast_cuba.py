@@ -64,6 +64,33 @@ within measurement noise: it is ~2 % of a step); the spike-driven kernel for the
 first convolution (one input channel) and for inputs above ~15 % activity (oneDNN
 is faster there).
 
+Fast gradients (opt-in: ``enable(gradients="fast")``, config ``federation.fast_gradients``)
+-------------------------------------------------------------------------------------------
+The forward is unchanged (spikes bit-identical to SLAYER, so Lava export fidelity is
+unaffected); two backward steps are computed another way:
+
+* the weight gradient of a convolution with >= 32 input channels and <= 20 % active
+  inputs comes from ``spike_weight_grad``: only positions with an input spike add
+  their output gradient (oneDNN multiplies the zeros too). Its sum runs in a fixed
+  order (float32 within a sample, float64 across samples), so it is deterministic
+  and independent of the thread count, and at least as accurate as oneDNN's;
+* the surrogate gradient's ``exp`` is evaluated inside the neuron backward kernel
+  (Cephes polynomial, AVX-512): within 1 ulp of ``torch.exp`` where the result is
+  a normal float, 0 where torch.exp returns a subnormal (< 1.2e-38).
+
+Tolerance (``tests/test_fast_gradients.py``): on a 5-block test network every
+gradient is within 1e-5 of stock SLAYER's, relative to the tensor's largest entry
+(measured 5e-7); the weight-gradient kernel is within 2e-7 of the float64 sum,
+relative to the sum of the absolute terms. On the benchmark's S-VGG9 (13 blocks)
+the difference reaches 4e-6 to 1e-5. For scale, stock SLAYER's own weight gradients
+move by up to 7e-6 between 1 and 2 torch threads (oneDNN's reduction order depends
+on the thread count), so bit-identity with SLAYER only ever holds at a fixed thread
+count.
+Training from the same start then follows a slightly different trajectory, as it
+would with another thread count. Measured gain (``benchmarks/train_throughput.py``):
+S-VGG9 2.4x -> 3.2x over stock at 1 thread; the digits CNN 5.5x -> 6.0x (its
+convolutions are too small and too dense for the spike-driven weight gradient).
+
 Use::
 
     from neurofed.models import fast_cuba
