@@ -690,6 +690,21 @@ static void sum_rows(const float* const* rows, int64_t nrows, int64_t off, int64
   }
 }
 
+// Calls f(kh, kw, hi, wi) for each kernel offset of output position (ho, wo) whose
+// input (hi, wi) lies inside the H x W image (outside: zero padding, no term).
+template <typename F>
+static inline void for_window(int64_t ho, int64_t wo, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
+                              int64_t PH, int64_t PW, int64_t H, int64_t W, const F& f) {
+  for (int64_t kh = 0; kh < KH; ++kh) {
+    const int64_t hi = ho * SH - PH + kh;
+    if (hi < 0 || hi >= H) continue;
+    for (int64_t kw = 0; kw < KW; ++kw) {
+      const int64_t wi = wo * SW - PW + kw;
+      if (wi >= 0 && wi < W) f(kh, kw, hi, wi);
+    }
+  }
+}
+
 // Active input channels per position (n, h, w, t) of x [N, Ci, H*W*T] as bit masks,
 // 16 channels per uint16 word: mask[(n * HWT + q) * CiW + cw]. Returns false if some
 // input is neither 0 nor 1; *active_out = number of ones.
@@ -818,17 +833,11 @@ torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64
       const int64_t n = nh / Ho_, ho = nh % Ho_;
       for (int64_t wo = 0; wo < Wo_; ++wo) {
         int64_t nnb = 0;  // valid kernel offsets for this output position
-        for (int64_t kh = 0; kh < KH_; ++kh) {
-          const int64_t hi = ho * SH_ - PH_ + kh;
-          if (hi < 0 || hi >= H_) continue;
-          for (int64_t kw = 0; kw < KW_; ++kw) {
-            const int64_t wi = wo * SW_ - PW_ + kw;
-            if (wi < 0 || wi >= W_) continue;
-            mb[nnb] = maskp + ((n * H_ + hi) * W_ + wi) * T_ * CiW_;
-            wb[nnb] = wtp + (kh * KW_ + kw) * Ci_ * CoP_;
-            ++nnb;
-          }
-        }
+        for_window(ho, wo, KH_, KW_, SH_, SW_, PH_, PW_, H_, W_, [&](int64_t kh, int64_t kw, int64_t hi, int64_t wi) {
+          mb[nnb] = maskp + ((n * H_ + hi) * W_ + wi) * T_ * CiW_;
+          wb[nnb] = wtp + (kh * KW_ + kw) * Ci_ * CoP_;
+          ++nnb;
+        });
         for (int64_t t0 = 0; t0 < T_; t0 += TB) {
           const int64_t m = std::min(TB, T_ - t0);
           for (int64_t tt = 0; tt < m; ++tt) {
@@ -898,17 +907,11 @@ static void wgrad_block(const uint16_t* mask, const float* gT, double* dacc, flo
     for (int64_t ho = 0; ho < Ho; ++ho)
       for (int64_t wo = 0; wo < Wo; ++wo) {
         int64_t nk = 0;  // kernel offsets with an input inside the image
-        for (int64_t kh = 0; kh < KH; ++kh) {
-          const int64_t hi = ho * SH - PH + kh;
-          if (hi < 0 || hi >= H) continue;
-          for (int64_t kw = 0; kw < KW; ++kw) {
-            const int64_t wi = wo * SW - PW + kw;
-            if (wi < 0 || wi >= W) continue;
-            mb[nk] = mask + ((n * H + hi) * W + wi) * T * CiW + cw;
-            kb[nk] = (kh * KW + kw) * 16 * row;
-            ++nk;
-          }
-        }
+        for_window(ho, wo, KH, KW, SH, SW, PH, PW, H, W, [&](int64_t kh, int64_t kw, int64_t hi, int64_t wi) {
+          mb[nk] = mask + ((n * H + hi) * W + wi) * T * CiW + cw;
+          kb[nk] = (kh * KW + kw) * 16 * row;
+          ++nk;
+        });
         const float* grow = gT + ((n * Ho + ho) * Wo + wo) * T * CoP + ob0;
         for (int64_t t = 0; t < T; ++t) {
           bool any = false;
