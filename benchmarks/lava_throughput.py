@@ -1,7 +1,7 @@
 """Lava throughput: one compiled network streaming samples vs one compile per sample.
 
 The digits CNN of ``examples/digits_fedavg.yaml`` (1x8x8 input, conv 16, pool,
-conv 32, dense 64, dense 10; T=16; weights from a trained run with ``--run``,
+conv 32, dense 64, dense 10; T = its data.timesteps, 32; weights from a trained run with ``--run``,
 otherwise the seeded initial weights) is exported to netx and run in Lava's
 fixed_pt CPU simulator on rate-coded digits test images:
 
@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -30,16 +28,11 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for p in (ROOT, ROOT / "benchmarks"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
 
-
-def machine() -> str:
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?") \
-        if os.path.exists("/proc/cpuinfo") else platform.processor()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{cpu}; {cores} usable cores; load average {load:.1f} at start; Python {platform.python_version()}"
+from common import Report, machine_header  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -60,13 +53,10 @@ def main(argv=None) -> int:
     from neurofed.fl.seeds import seed_for
     from neurofed.models import build_model
 
-    out = io.StringIO()
-
-    def say(line: str = "") -> None:
-        print(line)
-        out.write(line + "\n")
-
-    say(f"machine: {machine()}")
+    report = Report()
+    say = report.emit
+    say(machine_header("lava_throughput"))
+    say(f"# command: python benchmarks/lava_throughput.py {' '.join(argv or sys.argv[1:])}".rstrip())
     if args.run:
         model, cfg, ds, rnd = load_global_model(args.run)
         weights = f"trained run {args.run} (round {rnd})"
@@ -110,10 +100,7 @@ def main(argv=None) -> int:
     say(f"RESULT name=lava_throughput samples_per_s={stream_rate:.3f} run_samples_per_s={timing['samples_per_s']:.3f} "
         f"compile_s={timing['compile_s']:.3f} baseline_samples_per_s={base_rate:.3f} ratio={ratio:.2f}")
     if args.save:
-        dest = ROOT / "benchmarks" / "results" / "lava_throughput.txt"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(f"$ python benchmarks/lava_throughput.py {' '.join(argv or sys.argv[1:])}\n" + out.getvalue())
-        print(f"-> {dest}")
+        report.save("lava_throughput")
     return 0
 
 
