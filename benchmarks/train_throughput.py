@@ -298,7 +298,7 @@ def main(argv=None):
     report = Report()
     emit = report.emit
     emit(machine_header("train_throughput",
-                        "(shared machine: stock and fast alternate; samples/s from each path's best step)"))
+                        "(shared machine: the paths take turns; samples/s from each path's best step)"))
     emit("# baseline: stock lava-dl 0.6.0 SLAYER CPU path (Python time-step loop, int64 fixed point)")
     emit("# fast:     neurofed.models.fast_cuba.enable(): fused C++ CUBA neuron kernels (+ one-step delay),")
     emit("#           spike-driven synapse forward, pooling kernels; bit-identical spikes and gradients")

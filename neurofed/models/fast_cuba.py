@@ -479,7 +479,7 @@ std::vector<torch::Tensor> cuba_fwd(torch::Tensor z, torch::Tensor cstate,
 
 // exp of the surrogate gradient's argument (x <= 0) for "fast" gradients: Cephes'
 // expf (x = n ln2 + r with ln2 in two parts, degree-6 polynomial in r, 2^n through
-// the exponent bits). Within 2 ulp of torch.exp where exp(x) is a normal float
+// the exponent bits). Within 1 ulp of torch.exp where exp(x) is a normal float
 // (tested), and 0 for x < -87.34 where torch.exp returns a subnormal (< 1.2e-38,
 // which vanishes against any other term of the gradient). Vectorizes.
 static inline float surrogate_exp(float x) {
@@ -1238,12 +1238,11 @@ class _FusedCuba(torch.autograd.Function):
         p = ctx.p
         T = grad_spike.shape[-1]
         # Spike's surrogate: scale_rho / 2 / tau_rho * torch.exp(-|v - th| / tau_rho);
-        # exp is taken by torch on a same-shaped tensor of identical values.
-        if _gradients == "fast":  # surrogate_exp inside the kernel (within 2 ulp, see the C++)
-            gz = _ext.cuba_bwd(earg, grad_spike.contiguous().view(-1, T), p["A"], p["dv"], p["dc"], ctx.shift, True)
-        else:
-            ex = torch.exp(earg)
-            gz = _ext.cuba_bwd(ex, grad_spike.contiguous().view(-1, T), p["A"], p["dv"], p["dc"], ctx.shift, False)
+        # exact mode: exp is taken by torch on a same-shaped tensor of identical values;
+        # fast gradients: by surrogate_exp inside the kernel (within 1 ulp, see the C++).
+        inline_exp = _gradients == "fast"
+        ex = earg if inline_exp else torch.exp(earg)
+        gz = _ext.cuba_bwd(ex, grad_spike.contiguous().view(-1, T), p["A"], p["dv"], p["dc"], ctx.shift, inline_exp)
         return gz.view(grad_spike.shape), None, None, None, None, None, None
 
 
@@ -1285,7 +1284,8 @@ class _SpikeConv(torch.autograd.Function):
     exactness check in the C++ source (then every output is the exact sum, as
     F.conv3d's is), else ``F.conv3d`` itself. Backward: the very call autograd makes
     for ``F.conv3d`` (``aten.convolution_backward`` with the same tensors and
-    arguments), so input and weight gradients are SLAYER's bit for bit."""
+    arguments), so input and weight gradients are SLAYER's bit for bit; with fast
+    gradients the weight gradient may come from ``spike_weight_grad`` instead."""
 
     @staticmethod
     def forward(ctx, x, w, stride, padding):
@@ -1304,20 +1304,18 @@ class _SpikeConv(torch.autograd.Function):
         x, w = ctx.saved_tensors
         stride, padding = ctx.conf
         need_x, need_w = ctx.needs_input_grad[:2]
-        gw = None
+        gx = gw = None
         if _gradients == "fast" and need_w and x.shape[1] >= _SPARSE_GRAD_MIN_CHANNELS and w.shape[2] * w.shape[3] > 1:
             # spike-driven weight gradient (None: input not 0/1, or too dense to pay off)
             gw = _ext.spike_weight_grad(x, g.contiguous(), w.shape[2], w.shape[3], stride[0], stride[1],
                                         padding[0], padding[1], _SPARSE_GRAD_MAX_DENSITY)
-        if gw is None:
-            gx, gw, _ = torch.ops.aten.convolution_backward(
+            if gw is not None:
+                gw, need_w = gw.view(w.shape), False
+        if need_x or need_w:  # what is left comes from oneDNN
+            gx, gw_dnn, _ = torch.ops.aten.convolution_backward(
                 g, x, w, None, stride, padding, [1, 1, 1], False, [0, 0, 0], 1, [need_x, need_w, False])
-            return gx, gw, None, None
-        gx = None
-        if need_x:
-            gx = torch.ops.aten.convolution_backward(
-                g, x, w, None, stride, padding, [1, 1, 1], False, [0, 0, 0], 1, [True, False, False])[0]
-        return gx, gw.view(w.shape), None, None
+            gw = gw_dnn if need_w else gw
+        return gx, gw, None, None
 
 
 class _PoolFn(torch.autograd.Function):
