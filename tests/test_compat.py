@@ -8,19 +8,24 @@ def run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
 
 
+def assert_prints_ok(code: str) -> None:
+    """``code`` runs in a fresh interpreter without error and prints exactly 'ok'."""
+    res = run(code)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "ok"
+
+
 def test_lava_fails_without_compat_and_imports_with_it():
     # Without the fix, Python 3.11 rejects var_model's dataclass defaults...
     bare = run("import lava.magma.compiler.var_model")
     if sys.version_info >= (3, 11):
         assert bare.returncode != 0 and "mutable default" in bare.stderr
     # ...with it, the module imports and the defaults are independent instances.
-    fixed = run(
+    assert_prints_ok(
         "import neurofed.compat as c; c.install();"
         "import lava.magma.compiler.var_model as vm;"
         "a, b = vm.CoreEncoder(), vm.CoreEncoder(); assert a.x is not b.x; print('ok')"
     )
-    assert fixed.returncode == 0, fixed.stderr
-    assert fixed.stdout.strip() == "ok"
 
 
 def test_slayer_and_netx_import_and_object_detection_explains_itself():
@@ -55,10 +60,8 @@ def test_check_environment_reports_versions():
 def test_lava_imports_after_the_multiprocessing_context_was_set():
     # tqdm (progress bars) creates a multiprocessing lock before the Lava step runs;
     # lava's own set_start_method('fork') must not fail because of it.
-    res = run(
+    assert_prints_ok(
         "import multiprocessing as mp; mp.RLock();"
         "import neurofed.compat as c;"
         "c.lava('lava.magma.runtime.message_infrastructure.multiprocessing'); print('ok')"
     )
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "ok"
