@@ -169,6 +169,26 @@ def test_spike_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad, p):
                                          stride, stride, pad, pad, 1.0) is None
 
 
+@pytest.mark.parametrize("N, Ci, Co, H, W, T, k, stride, pad", [
+    (2, 1, 16, 8, 8, 16, 3, 1, 1),  # the digits CNN's first layer
+    (3, 3, 12, 7, 9, 19, 3, 2, 1),  # RGB, stride 2, T not a multiple of 16, 4-channel blocks
+    (2, 2, 5, 6, 6, 33, 5, 1, 2),  # 5x5 kernel, odd channel count (one channel at a time)
+    (1, 7, 8, 5, 4, 5, 3, 1, 0),  # fan-in 63, no padding
+])
+def test_time_lane_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad):
+    x = spikes(N, Ci, H, W, T, p=0.4, seed=Ci)
+    w = quantize_8bit(torch.randn(Co, Ci, k, k, 1, generator=torch.Generator().manual_seed(Co)) * 3)
+    ref = torch.nn.functional.conv3d(x, w, None, (stride, stride, 1), (pad, pad, 0))
+    w4 = w.reshape(w.shape[:4]).contiguous()
+    z = fast_cuba._ext.tlane_conv_fwd(x, w4, stride, stride, pad, pad)
+    if z is None:
+        pytest.skip("time-lane synapse kernel needs AVX-512")
+    assert_identical(ref, z, "conv output")
+    # declines (caller falls back to F.conv3d) when the result might not be exact
+    assert fast_cuba._ext.tlane_conv_fwd(x * 0.5 + (x == 0) * 0.25, w4, stride, stride, pad, pad) is None
+    assert fast_cuba._ext.tlane_conv_fwd(x, w4 * (1 + 1e-6), stride, stride, pad, pad) is None
+
+
 def test_hooks_on_neurons_still_run():
     # the fused block path bypasses neuron.__call__, so it must step aside for hooks
     seen = {}
@@ -269,8 +289,10 @@ def test_digits_cnn_training_step(monkeypatch):
     out = compare(make, [spikes(4, 1, 8, 8, 16, p=0.5, seed=s) for s in range(2)], calls=2,
                   expect_grads=("grad_x1", "grad_0.synapse.weight1", "grad_4.synapse.weight1"))
     assert out["out1"].sum() > 0
-    # the fast run really used the fused kernels (4 neuron layers x 2 calls) and the pool backward
+    # the fast run really used the fused kernels (4 neuron layers x 2 calls), the time-lane
+    # synapse of the one-channel first layer and the pool backward
     assert counter.calls.count("cuba_fwd") == 8 and counter.calls.count("cuba_bwd") == 8
+    assert counter.calls.count("tlane_conv_fwd") == 2
     assert len(pool_calls) == 2
 
 

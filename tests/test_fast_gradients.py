@@ -102,6 +102,71 @@ def test_spike_weight_grad_declines_graded_and_dense_inputs():
                        torch.zeros(8, 32, 3, 3))
 
 
+TLANE_CASES = [  # N, Ci, Co, H, W, T, kernel, stride, padding; graded (non-spike) inputs too
+    (32, 1, 16, 8, 8, 16, 3, 1, 1),  # the digits CNN's first layer
+    (2, 3, 7, 9, 7, 19, 3, 2, 1),  # odd output-channel count, stride 2, T not a multiple of 16
+    (3, 2, 4, 6, 6, 5, 5, 1, 2),
+    (2, 7, 6, 5, 5, 33, 3, 1, 0),  # fan-in 63: six tap chunks
+]
+
+
+@pytest.mark.parametrize("N, Ci, Co, H, W, T, k, stride, pad", TLANE_CASES)
+@pytest.mark.parametrize("graded", [False, True])
+def test_time_lane_weight_grad_is_a_correctly_ordered_float32_sum(N, Ci, Co, H, W, T, k, stride, pad, graded):
+    x = spikes(N, Ci, H, W, T, p=0.3, seed=Ci)
+    if graded:
+        x = x * torch.rand(x.shape, generator=torch.Generator().manual_seed(3))
+    w = torch.randn(Co, Ci, k, k, 1)
+    Ho, Wo = (H + 2 * pad - k) // stride + 1, (W + 2 * pad - k) // stride + 1
+    g = torch.randn(N, Co, Ho, Wo, T, generator=torch.Generator().manual_seed(Co))
+    ours = fast_cuba._ext.tlane_weight_grad(x, g, k, k, stride, stride, pad, pad)
+    if ours is None:
+        pytest.skip("time-lane kernels need AVX-512")
+    ours = ours.view(w.shape)
+    exact = conv_weight_grad(x, g, w, stride, pad, torch.float64)
+    magnitude = conv_weight_grad(x.abs(), g.abs(), w, stride, pad, torch.float64)
+    stock = conv_weight_grad(x, g, w, stride, pad)
+    # float32 partial sums of at most 64 vectors per lane, then float64: measured <= 4.1e-8
+    # of sum |terms| on these cases, where oneDNN's own float32 result is off by up to 1.2e-7
+    err = (ours.double() - exact).abs()
+    assert (err <= 2e-7 * magnitude + 1e-30).all(), (err / magnitude.clamp_min(1e-30)).max().item()
+    assert (ours - stock).abs().max() <= STOCK_TOLERANCE * stock.abs().max()
+
+
+@pytest.mark.parametrize("N, Ci, Co, H, W, T", [(32, 512, 10, 1, 1, 16), (3, 40, 70, 3, 2, 21)])
+def test_time_lane_input_grad_of_a_1x1_synapse(N, Ci, Co, H, W, T):
+    g = torch.randn(N, Co, H, W, T, generator=torch.Generator().manual_seed(1))
+    w = torch.randn(Co, Ci, 1, 1, 1, generator=torch.Generator().manual_seed(2))
+    ours = fast_cuba._ext.tlane_input_grad_1x1(g, w.reshape(Co, Ci).contiguous())
+    if ours is None:
+        pytest.skip("time-lane kernels need AVX-512")
+    def input_grad(dtype):
+        return torch.ops.aten.convolution_backward(
+            g.to(dtype), torch.zeros(N, Ci, H, W, T, dtype=dtype), w.to(dtype), None, (1, 1, 1), (0, 0, 0),
+            (1, 1, 1), False, (0, 0, 0), 1, (True, False, False))[0]
+    exact = input_grad(torch.float64)
+    magnitude = torch.einsum("oi,nohwt->nihwt", w.reshape(Co, Ci).double().abs(), g.double().abs())
+    # a float32 sum of Co products in order: within Co units of rounding of sum |terms|
+    assert ((ours.double() - exact).abs() <= Co * 6e-8 * magnitude + 1e-30).all()
+    stock = input_grad(torch.float32)
+    assert (ours - stock).abs().max() <= STOCK_TOLERANCE * stock.abs().max()
+
+
+def test_time_lane_weight_grad_does_not_depend_on_the_thread_count():
+    x, g = spikes(8, 2, 12, 12, 16, p=0.3), torch.randn(8, 24, 12, 12, 16)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = fast_cuba._ext.tlane_weight_grad(x, g, 3, 3, 1, 1, 1, 1)
+        torch.set_num_threads(2)
+        two = fast_cuba._ext.tlane_weight_grad(x, g, 3, 3, 1, 1, 1, 1)
+    finally:
+        torch.set_num_threads(threads)
+    if one is None:
+        pytest.skip("time-lane kernels need AVX-512")
+    assert torch.equal(bits(one), bits(two))
+
+
 # --------------------------------------------------------------------------- network
 
 
@@ -138,8 +203,10 @@ def test_network_step_same_spikes_and_gradients_within_tolerance(monkeypatch):
     fast_out, fast = step("fast")
     fast_calls = counter.calls[calls_before:]
     # the fast mode really ran its kernels: spike weight gradients for the 32- and
-    # 48-channel convolutions, and the neuron backward with the inline exp
+    # 48-channel convolutions, the time-lane weight gradient for the 2-channel one and
+    # the input gradient of the dense layer (the neuron backward's inline exp is tested above)
     assert fast_calls.count("spike_weight_grad") == 2
+    assert fast_calls.count("tlane_weight_grad") == 1 and fast_calls.count("tlane_input_grad_1x1") == 1
     assert fast_cuba.gradients() == "exact"  # enabled() restored the mode
     assert stock_out.sum() > 0
     assert torch.equal(bits(stock_out), bits(fast_out)) and torch.equal(bits(stock_out), bits(exact_out))

@@ -347,70 +347,91 @@ static inline __m512 i64x16_to_f32(__m512i lo, __m512i hi) {
   return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtepi64_ps(lo)), _mm512_cvtepi64_ps(hi), 1);
 }
 
+// NT tiles (NT * 16 neurons) advance through time together: each tile's step is one
+// long dependency chain (int64 multiply, shifts, conversions, compare), so a single
+// tile leaves the core waiting on latencies; NT independent chains fill them.
 template <bool POW2, bool RESET, bool EARG>
 static void cuba_fwd_rows_avx512(const CubaFwdArgs& A, int64_t b, int64_t e) {
   static_assert(V == 16, "tile width");
+  constexpr int NT = 2;
   const int64_t T = A.T;
-  std::vector<float> buf((3 * T + 1) * V);
-  float* tin = buf.data();
-  float* tea = tin + T * V;
-  float* tsp = tea + T * V;  // T + 1 rows; row 0 stays 0 when shifting
+  const int64_t tile_floats = (3 * T + 1) * V;
+  std::vector<float> buf(NT * tile_floats);
   const int64_t sh = A.sh;
   const __m512i cd = _mm512_set1_epi64(A.cd), vd = _mm512_set1_epi64(A.vd);
   const __m512 ws = _mm512_set1_ps(A.ws), iws = _mm512_set1_ps(A.iws), rth = _mm512_set1_ps(A.rth),
                sth = _mm512_set1_ps(A.sth), tf = _mm512_set1_ps(A.tf), one = _mm512_set1_ps(1.f);
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const __m512 signbit = _mm512_castsi512_ps(_mm512_set1_epi32((int)0x80000000));
-  for (int64_t r0 = b; r0 < e; r0 += V) {
-    const int64_t nr = std::min<int64_t>(V, e - r0);
-    load_tile(A.x + r0 * T, T, nr, tin);
-    alignas(64) float st[2][V];
-    for (int j = 0; j < V; ++j) {
-      st[0][j] = j < nr ? A.cs[r0 + j] : 0.f;
-      st[1][j] = j < nr ? A.vs[r0 + j] : 0.f;
+  for (int64_t r0 = b; r0 < e; r0 += NT * V) {
+    float *tin[NT], *tea[NT], *tsp[NT];
+    int64_t nr[NT];
+    __m512i c_lo[NT], c_hi[NT], v_lo[NT], v_hi[NT];
+    __m512 c[NT], v[NT];
+    for (int u = 0; u < NT; ++u) {
+      tin[u] = buf.data() + u * tile_floats;
+      tea[u] = tin[u] + T * V;
+      tsp[u] = tea[u] + T * V;  // T + 1 rows; row 0 stays 0 when shifting
+      const int64_t ru = r0 + u * V;
+      nr[u] = std::max<int64_t>(0, std::min<int64_t>(V, e - ru));
+      load_tile(A.x + ru * T, T, nr[u], tin[u]);
+      alignas(64) float st[2][V];
+      for (int j = 0; j < V; ++j) {
+        st[0][j] = j < nr[u] ? A.cs[ru + j] : 0.f;
+        st[1][j] = j < nr[u] ? A.vs[ru + j] : 0.f;
+      }
+      __m512 tmp = _mm512_mul_ps(_mm512_load_ps(st[0]), ws);
+      c_lo[u] = _mm512_cvttps_epi64(_mm512_castps512_ps256(tmp));
+      c_hi[u] = _mm512_cvttps_epi64(_mm512_extractf32x8_ps(tmp, 1));
+      tmp = _mm512_mul_ps(_mm512_load_ps(st[1]), ws);
+      v_lo[u] = _mm512_cvttps_epi64(_mm512_castps512_ps256(tmp));
+      v_hi[u] = _mm512_cvttps_epi64(_mm512_extractf32x8_ps(tmp, 1));
+      c[u] = _mm512_setzero_ps();
+      v[u] = _mm512_setzero_ps();
     }
-    __m512 tmp = _mm512_mul_ps(_mm512_load_ps(st[0]), ws);
-    __m512i c_lo = _mm512_cvttps_epi64(_mm512_castps512_ps256(tmp));
-    __m512i c_hi = _mm512_cvttps_epi64(_mm512_extractf32x8_ps(tmp, 1));
-    tmp = _mm512_mul_ps(_mm512_load_ps(st[1]), ws);
-    __m512i v_lo = _mm512_cvttps_epi64(_mm512_castps512_ps256(tmp));
-    __m512i v_hi = _mm512_cvttps_epi64(_mm512_extractf32x8_ps(tmp, 1));
-    __m512 c = _mm512_setzero_ps(), v = _mm512_setzero_ps();
     for (int64_t t = 0; t < T; ++t) {
-      const __m512 xs = _mm512_mul_ps(ws, _mm512_loadu_ps(tin + t * V));
-      c_lo = _mm512_add_epi64(shift12_to_zero(_mm512_mullo_epi64(c_lo, cd)),
-                              _mm512_cvttps_epi64(_mm512_castps512_ps256(xs)));
-      c_hi = _mm512_add_epi64(shift12_to_zero(_mm512_mullo_epi64(c_hi, cd)),
-                              _mm512_cvttps_epi64(_mm512_extractf32x8_ps(xs, 1)));
-      const __m512 cf = i64x16_to_f32(c_lo, c_hi);
-      c = POW2 ? _mm512_mul_ps(cf, iws) : _mm512_div_ps(cf, ws);
-      const __m512 cs = _mm512_mul_ps(ws, c);
-      const __m512i n_lo = _mm512_add_epi64(shift12_to_zero(_mm512_mullo_epi64(v_lo, vd)),
-                                            _mm512_cvttps_epi64(_mm512_castps512_ps256(cs)));
-      const __m512i n_hi = _mm512_add_epi64(shift12_to_zero(_mm512_mullo_epi64(v_hi, vd)),
-                                            _mm512_cvttps_epi64(_mm512_extractf32x8_ps(cs, 1)));
-      const __m512 vf = i64x16_to_f32(n_lo, n_hi);
-      if (RESET) {
-        const __mmask16 fire = _mm512_cmp_ps_mask(vf, rth, _CMP_GE_OQ);
-        v_lo = _mm512_maskz_mov_epi64((__mmask8)(~fire & 0xff), n_lo);
-        v_hi = _mm512_maskz_mov_epi64((__mmask8)((~fire >> 8) & 0xff), n_hi);
-      } else {
-        v_lo = n_lo;
-        v_hi = n_hi;
-      }
-      v = POW2 ? _mm512_mul_ps(vf, iws) : _mm512_div_ps(vf, ws);
-      _mm512_storeu_ps(tsp + (t + sh) * V, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, sth, _CMP_GE_OQ), one));
-      if (EARG) {
-        const __m512 a = _mm512_and_ps(_mm512_sub_ps(v, sth), absmask);
-        _mm512_storeu_ps(tea + t * V, _mm512_div_ps(_mm512_xor_ps(a, signbit), tf));
+#pragma GCC unroll 4
+      for (int u = 0; u < NT; ++u) {
+        const __m512 xs = _mm512_mul_ps(ws, _mm512_loadu_ps(tin[u] + t * V));
+        c_lo[u] = _mm512_add_epi64(shift12_to_zero(_mm512_mullo_epi64(c_lo[u], cd)),
+                                   _mm512_cvttps_epi64(_mm512_castps512_ps256(xs)));
+        c_hi[u] = _mm512_add_epi64(shift12_to_zero(_mm512_mullo_epi64(c_hi[u], cd)),
+                                   _mm512_cvttps_epi64(_mm512_extractf32x8_ps(xs, 1)));
+        const __m512 cf = i64x16_to_f32(c_lo[u], c_hi[u]);
+        c[u] = POW2 ? _mm512_mul_ps(cf, iws) : _mm512_div_ps(cf, ws);
+        const __m512 cs = _mm512_mul_ps(ws, c[u]);
+        const __m512i n_lo = _mm512_add_epi64(shift12_to_zero(_mm512_mullo_epi64(v_lo[u], vd)),
+                                              _mm512_cvttps_epi64(_mm512_castps512_ps256(cs)));
+        const __m512i n_hi = _mm512_add_epi64(shift12_to_zero(_mm512_mullo_epi64(v_hi[u], vd)),
+                                              _mm512_cvttps_epi64(_mm512_extractf32x8_ps(cs, 1)));
+        const __m512 vf = i64x16_to_f32(n_lo, n_hi);
+        if (RESET) {
+          const __mmask16 fire = _mm512_cmp_ps_mask(vf, rth, _CMP_GE_OQ);
+          v_lo[u] = _mm512_maskz_mov_epi64((__mmask8)(~fire & 0xff), n_lo);
+          v_hi[u] = _mm512_maskz_mov_epi64((__mmask8)((~fire >> 8) & 0xff), n_hi);
+        } else {
+          v_lo[u] = n_lo;
+          v_hi[u] = n_hi;
+        }
+        v[u] = POW2 ? _mm512_mul_ps(vf, iws) : _mm512_div_ps(vf, ws);
+        _mm512_storeu_ps(tsp[u] + (t + sh) * V, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v[u], sth, _CMP_GE_OQ), one));
+        if (EARG) {
+          const __m512 a = _mm512_and_ps(_mm512_sub_ps(v[u], sth), absmask);
+          _mm512_storeu_ps(tea[u] + t * V, _mm512_div_ps(_mm512_xor_ps(a, signbit), tf));
+        }
       }
     }
-    store_tile(tsp, T, nr, A.sp + r0 * T);
-    if (EARG) store_tile(tea, T, nr, A.ea + r0 * T);
-    if (A.cl) {
-      _mm512_store_ps(st[0], c);
-      _mm512_store_ps(st[1], v);
-      for (int64_t j = 0; j < nr; ++j) { A.cl[r0 + j] = st[0][j]; A.vl[r0 + j] = st[1][j]; }
+    for (int u = 0; u < NT; ++u) {
+      if (nr[u] == 0) continue;
+      const int64_t ru = r0 + u * V;
+      store_tile(tsp[u], T, nr[u], A.sp + ru * T);
+      if (EARG) store_tile(tea[u], T, nr[u], A.ea + ru * T);
+      if (A.cl) {
+        alignas(64) float st[2][V];
+        _mm512_store_ps(st[0], c[u]);
+        _mm512_store_ps(st[1], v[u]);
+        for (int64_t j = 0; j < nr[u]; ++j) { A.cl[ru + j] = st[0][j]; A.vl[ru + j] = st[1][j]; }
+      }
     }
   }
 }
@@ -750,6 +771,25 @@ static bool spike_masks(const float* xp, int64_t N, int64_t Ci, int64_t HWT,
   return binary.load();
 }
 
+// Weights [Co][K] on a grid with bounded channel sums (exactness, see above).
+static bool exact_weights(const float* wp, int64_t Co, int64_t K) {
+  std::atomic<bool> exact{true};
+  std::atomic<int> kmax{0};
+  std::vector<double> sums(Co, 0.0);
+  at::parallel_for(0, Co, 16, [&](int64_t b, int64_t e) {
+    int k;
+    double sm;
+    for (int64_t co = b; co < e; ++co) {
+      if (!weight_grid(wp + co * K, 1, K, &k, &sm)) { exact = false; return; }
+      sums[co] = sm;
+      int cur = kmax.load();
+      while (k > cur && !kmax.compare_exchange_weak(cur, k)) {}
+    }
+  });
+  const double summax = Co > 0 ? *std::max_element(sums.begin(), sums.end()) : 0.0;
+  return exact && kmax.load() <= 60 && std::ldexp(summax, kmax.load()) < 16777216.0;
+}
+
 torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_t SW,
                              int64_t PH, int64_t PW, double max_density) {
   const int64_t N = x.size(0), Ci = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
@@ -760,24 +800,7 @@ torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64
   const int64_t K = Ci * KH * KW;
   if (Ho <= 0 || Wo <= 0 || N * Ci * H * W * T == 0 || Co == 0) return torch::Tensor();
 
-  // weights on a grid with bounded channel sums (exactness, see above)
-  auto check_weights = [&]() -> bool {
-    std::atomic<bool> exact{true};
-    std::atomic<int> kmax{0};
-    std::vector<double> sums(Co, 0.0);
-    at::parallel_for(0, Co, 16, [&](int64_t b, int64_t e) {
-      int k;
-      double sm;
-      for (int64_t co = b; co < e; ++co) {
-        if (!weight_grid(wp + co * K, 1, K, &k, &sm)) { exact = false; return; }
-        sums[co] = sm;
-        int cur = kmax.load();
-        while (k > cur && !kmax.compare_exchange_weak(cur, k)) {}
-      }
-    });
-    const double summax = *std::max_element(sums.begin(), sums.end());
-    return exact && kmax.load() <= 60 && std::ldexp(summax, kmax.load()) < 16777216.0;
-  };
+  auto check_weights = [&]() { return exact_weights(wp, Co, K); };
   // check the cheaper condition first (unquantized weights fail without a pass over x)
   const bool weights_checked = Co * K <= N * Ci * H * W * T;
   if (weights_checked && !check_weights()) return torch::Tensor();
@@ -997,6 +1020,221 @@ torch::Tensor spike_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, in
   });
   return gw;
 }
+
+// ---- Convolutions with time as the vector lane ("T-lane") ----
+//
+// For a small fan-in K = Ci * KH * KW (the first layer of a network, or a dense
+// layer's input gradient with few outputs) oneDNN's blocked kernels spend most of
+// their time on layout and edges. Here the 16 lanes run along T, the innermost
+// dimension of SLAYER's [N, C, H, W, T] tensors, so a kernel tap is one unit-stride
+// load: out(co) += w[co, k] * x(tap k). The input is first zero padded, so every tap
+// of every output reads inside the buffer.
+struct TLaneConv {
+  int64_t N, Ci, Hp, Wp, T, Co, K, SH, SW, Ho, Wo;
+  std::vector<int64_t> off;  // per tap k = (ci, kh, kw): offset of its input row
+  const float* x;            // [N, Ci, Hp, Wp, T]: the input itself, or `pad` below
+  std::vector<float> pad;
+  int64_t nstride() const { return Ci * Hp * Wp * T; }
+  int64_t pos(int64_t ho, int64_t wo) const { return (ho * SH * Wp + wo * SW) * T; }
+  // with stride 1 along W an output row reads one contiguous run of each tap's row
+  int64_t run() const { return SW == 1 ? Wo * T : T; }
+};
+
+static bool all_binary(const float* xp, int64_t n) {
+  std::atomic<bool> binary{true};
+  at::parallel_for(0, (n + 15) / 16, 4096, [&](int64_t b, int64_t e) {
+    const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
+    __mmask16 bad = 0;
+    for (int64_t i = b * 16; i < std::min(n, e * 16); i += 16) {
+      const __mmask16 lm = (__mmask16)((1u << std::min<int64_t>(16, n - i)) - 1u);
+      const __m512 v = _mm512_maskz_loadu_ps(lm, xp + i);
+      bad |= (__mmask16)(~(_mm512_cmp_ps_mask(v, zero, _CMP_EQ_OQ) | _mm512_cmp_ps_mask(v, one, _CMP_EQ_OQ)) & lm);
+    }
+    if (bad) binary = false;
+  });
+  return binary.load();
+}
+
+static void tlane_setup(TLaneConv& c, const torch::Tensor& x, int64_t Co, int64_t KH, int64_t KW, int64_t SH,
+                        int64_t SW, int64_t PH, int64_t PW) {
+  const int64_t N = x.size(0), Ci = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
+  c.N = N; c.Ci = Ci; c.Hp = H + 2 * PH; c.Wp = W + 2 * PW; c.T = T; c.Co = Co; c.K = Ci * KH * KW;
+  c.SH = SH; c.SW = SW;
+  c.Ho = (c.Hp - KH) / SH + 1;
+  c.Wo = (c.Wp - KW) / SW + 1;
+  for (int64_t ci = 0; ci < Ci; ++ci)
+    for (int64_t kh = 0; kh < KH; ++kh)
+      for (int64_t kw = 0; kw < KW; ++kw) c.off.push_back(((ci * c.Hp + kh) * c.Wp + kw) * T);
+  const float* xp = x.data_ptr<float>();
+  if (PH == 0 && PW == 0) {
+    c.x = xp;
+    return;
+  }
+  c.pad.assign(N * c.nstride(), 0.f);
+  float* dst = c.pad.data();
+  const int64_t Hp = c.Hp, Wp = c.Wp;
+  at::parallel_for(0, N * Ci * H, 64, [=](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t nc = r / H, h = r % H;
+      std::memcpy(dst + ((nc * Hp + h + PH) * Wp + PW) * T, xp + r * W * T, W * T * sizeof(float));
+    }
+  });
+  c.x = c.pad.data();
+}
+
+// z[n, co, ho, wo, t] = sum over taps k of wT[k][co] * x(tap k), CB output channels at
+// a time (CB independent accumulation chains). For 0/1 inputs and grid weights every
+// partial sum is exact, so the result is F.conv3d's whatever the order.
+template <int CB>
+static void tlane_fwd_rows(const TLaneConv& c, const float* wT, float* zp, int64_t b, int64_t e) {
+  const int64_t K = c.K, T = c.T, Co = c.Co, Ho = c.Ho, Wo = c.Wo, P = Ho * Wo * T;
+  const int64_t run = c.run(), nrun = Wo * T / run;
+  std::vector<const float*> xk(K);
+  for (int64_t it = b; it < e; ++it) {  // it = (n, ho)
+    const int64_t n = it / Ho, ho = it % Ho;
+    for (int64_t r = 0; r < nrun; ++r) {
+      const int64_t wo0 = r * run / T;
+      for (int64_t k = 0; k < K; ++k) xk[k] = c.x + n * c.nstride() + c.pos(ho, wo0) + c.off[k];
+      float* zb = zp + (n * Co * Ho + ho) * Wo * T + wo0 * T;
+      for (int64_t q = 0; q < run; q += 16) {
+        const __mmask16 lm = (__mmask16)((1u << std::min<int64_t>(16, run - q)) - 1u);
+        for (int64_t co0 = 0; co0 < Co; co0 += CB) {
+          __m512 acc[CB];
+#pragma GCC unroll 8
+          for (int j = 0; j < CB; ++j) acc[j] = _mm512_setzero_ps();
+          for (int64_t k = 0; k < K; ++k) {
+            const __m512 xv = _mm512_maskz_loadu_ps(lm, xk[k] + q);
+            const float* wk = wT + k * Co + co0;
+#pragma GCC unroll 8
+            for (int j = 0; j < CB; ++j) acc[j] = _mm512_fmadd_ps(xv, _mm512_set1_ps(wk[j]), acc[j]);
+          }
+#pragma GCC unroll 8
+          for (int j = 0; j < CB; ++j) _mm512_mask_storeu_ps(zb + (co0 + j) * P + q, lm, acc[j]);
+        }
+      }
+    }
+  }
+}
+
+static torch::Tensor tlane_conv(const torch::Tensor& x, const float* wT, int64_t Co, int64_t KH, int64_t KW,
+                                int64_t SH, int64_t SW, int64_t PH, int64_t PW) {
+  TLaneConv c;
+  tlane_setup(c, x, Co, KH, KW, SH, SW, PH, PW);
+  auto z = torch::empty({c.N, c.Co, c.Ho, c.Wo, c.T}, x.options());
+  float* zp = z.data_ptr<float>();
+  at::parallel_for(0, c.N * c.Ho, 1, [&](int64_t b, int64_t e) {
+    if (Co % 8 == 0) tlane_fwd_rows<8>(c, wT, zp, b, e);
+    else if (Co % 4 == 0) tlane_fwd_rows<4>(c, wT, zp, b, e);
+    else tlane_fwd_rows<1>(c, wT, zp, b, e);
+  });
+  return z;
+}
+
+// Synapse forward for a small fan-in: exact (= F.conv3d) for 0/1 inputs and weights
+// passing the grid check of spike_conv_fwd; undefined tensor otherwise.
+torch::Tensor tlane_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_t SW, int64_t PH, int64_t PW) {
+  const int64_t Co = w.size(0), K = w.size(1) * w.size(2) * w.size(3);
+  const float* wp = w.data_ptr<float>();
+  if (x.numel() == 0 || Co == 0 || !exact_weights(wp, Co, K)) return torch::Tensor();
+  if (!all_binary(x.data_ptr<float>(), x.numel())) return torch::Tensor();
+  std::vector<float> wT(K * Co);
+  for (int64_t co = 0; co < Co; ++co)
+    for (int64_t k = 0; k < K; ++k) wT[k * Co + co] = wp[co * K + k];
+  return tlane_conv(x, wT.data(), Co, w.size(2), w.size(3), SH, SW, PH, PW);
+}
+
+// "fast" gradients. Input gradient of a 1x1 synapse (stride 1, no padding):
+// gx[n, ci] = sum over co of w[co, ci] * g[n, co], a 1x1 T-lane convolution of g whose
+// [K][Co] weight layout is w [Co][Ci] itself. Float32 sums over co in order.
+torch::Tensor tlane_input_grad_1x1(torch::Tensor g, torch::Tensor w) {
+  return tlane_conv(g, w.data_ptr<float>(), w.size(1), 1, 1, 1, 1, 0, 0);
+}
+
+// Weight gradient for a small fan-in, lanes along t:
+//   gw[co, k] = sum over outputs of g(co) * x(tap k),
+// CB output channels x KC taps of accumulators held in registers; float32 over at
+// most WG_FLUSH vectors of positions, then float64. Fixed order: deterministic and
+// independent of the thread count (output channels are split between threads).
+constexpr int64_t WG_FLUSH = 64;
+
+template <int CB, int KC>
+static void tlane_wgrad_taps(const TLaneConv& c, const float* gp, int64_t co0, int64_t k0, double* dacc) {
+  const int64_t T = c.T, Ho = c.Ho, Wo = c.Wo, P = Ho * Wo * T;
+  const int64_t run = c.run(), nrun = Wo * T / run, vecs = (run + 15) / 16;
+  // a 1-D array, initialized and reduced by fully unrolled loops: GCC keeps it in registers
+  __m512 acc[CB * KC];
+  int64_t pending = 0;
+#pragma GCC unroll 64
+  for (int i = 0; i < CB * KC; ++i) acc[i] = _mm512_setzero_ps();
+  auto flush = [&]() {
+    float sums[CB * KC];
+#pragma GCC unroll 64
+    for (int i = 0; i < CB * KC; ++i) {
+      sums[i] = _mm512_reduce_add_ps(acc[i]);
+      acc[i] = _mm512_setzero_ps();
+    }
+    for (int j = 0; j < CB; ++j)
+      for (int k = 0; k < KC; ++k) dacc[j * c.K + k0 + k] += (double)sums[j * KC + k];
+    pending = 0;
+  };
+  const float* xk[KC];
+  for (int64_t n = 0; n < c.N; ++n)
+    for (int64_t ho = 0; ho < Ho; ++ho)
+      for (int64_t r = 0; r < nrun; ++r) {
+        const int64_t wo0 = r * run / T;
+        for (int k = 0; k < KC; ++k) xk[k] = c.x + n * c.nstride() + c.pos(ho, wo0) + c.off[k0 + k];
+        const float* gb = gp + (n * c.Co + co0) * P + (ho * Wo + wo0) * T;
+        if (pending + vecs > WG_FLUSH) flush();
+        pending += vecs;
+        for (int64_t q = 0; q < run; q += 16) {
+          const __mmask16 lm = (__mmask16)((1u << std::min<int64_t>(16, run - q)) - 1u);
+          __m512 gv[CB];
+#pragma GCC unroll 4
+          for (int j = 0; j < CB; ++j) gv[j] = _mm512_maskz_loadu_ps(lm, gb + j * P + q);
+#pragma GCC unroll 32
+          for (int k = 0; k < KC; ++k) {
+            const __m512 xv = _mm512_maskz_loadu_ps(lm, xk[k] + q);
+#pragma GCC unroll 4
+            for (int j = 0; j < CB; ++j) acc[j * KC + k] = _mm512_fmadd_ps(gv[j], xv, acc[j * KC + k]);
+          }
+        }
+      }
+  flush();
+}
+
+template <int CB>
+static void tlane_wgrad_channels(const TLaneConv& c, const float* gp, int64_t co0, double* dacc) {
+  constexpr int KC = 12;  // 2 x 12 accumulators + 2 gradient rows + 1 input row: 27 of 32 registers
+  for (int64_t k0 = 0; k0 < c.K; k0 += KC) {
+    switch (std::min<int64_t>(KC, c.K - k0)) {
+#define NF_TW(KK) case KK: tlane_wgrad_taps<CB, KK>(c, gp, co0, k0, dacc); break;
+      NF_TW(1) NF_TW(2) NF_TW(3) NF_TW(4) NF_TW(5) NF_TW(6) NF_TW(7) NF_TW(8) NF_TW(9) NF_TW(10) NF_TW(11)
+      default: NF_TW(12)
+#undef NF_TW
+    }
+  }
+}
+
+torch::Tensor tlane_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
+                                int64_t PH, int64_t PW) {
+  TLaneConv c;
+  tlane_setup(c, x, g.size(1), KH, KW, SH, SW, PH, PW);
+  auto gw = torch::empty({c.Co, c.Ci, KH, KW}, g.options());
+  const float* gp = g.data_ptr<float>();
+  float* gwp = gw.data_ptr<float>();
+  constexpr int CB = 2;
+  at::parallel_for(0, (c.Co + CB - 1) / CB, 1, [&](int64_t b, int64_t e) {
+    std::vector<double> dacc(CB * c.K);
+    for (int64_t blk = b; blk < e; ++blk) {
+      const int64_t co0 = blk * CB, nc = std::min<int64_t>(CB, c.Co - co0);
+      std::fill(dacc.begin(), dacc.end(), 0.0);
+      if (nc == 2) tlane_wgrad_channels<2>(c, gp, co0, dacc.data());
+      else tlane_wgrad_channels<1>(c, gp, co0, dacc.data());
+      for (int64_t i = 0; i < nc * c.K; ++i) gwp[co0 * c.K + i] = (float)dacc[i];
+    }
+  });
+  return gw;
+}
 #else
 torch::Tensor spike_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, double) {
   return torch::Tensor();  // no AVX-512: the caller uses F.conv3d
@@ -1004,6 +1242,12 @@ torch::Tensor spike_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int
 torch::Tensor spike_weight_grad(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                                 double) {
   return torch::Tensor();  // no AVX-512: the caller uses oneDNN
+}
+// no AVX-512: the callers use F.conv3d / oneDNN
+torch::Tensor tlane_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t) { return torch::Tensor(); }
+torch::Tensor tlane_input_grad_1x1(torch::Tensor, torch::Tensor) { return torch::Tensor(); }
+torch::Tensor tlane_weight_grad(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {
+  return torch::Tensor();
 }
 #endif
 
@@ -1095,7 +1339,8 @@ torch::Tensor pool_bwd(torch::Tensor g, torch::Tensor w, int64_t H, int64_t W) {
 """
 
 _FUNCTIONS = ["li_fwd", "li_bwd", "cuba_fwd", "cuba_bwd", "shift1", "spike_conv_fwd", "spike_weight_grad",
-              "pool_fwd", "pool_bwd", "surrogate_exp_tensor"]
+              "tlane_conv_fwd", "tlane_weight_grad", "tlane_input_grad_1x1", "pool_fwd", "pool_bwd",
+              "surrogate_exp_tensor"]
 
 _ext = None
 _ext_error: str | None = None
@@ -1289,10 +1534,12 @@ class _SpikeConv(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, stride, padding):
-        z = None
-        if w[0].numel() >= _SPARSE_MIN_FANIN:  # small fan-in: F.conv3d is cheaper anyway
-            z = _ext.spike_conv_fwd(x.detach(), w.detach().reshape(w.shape[:4]).contiguous(),
-                                    stride[0], stride[1], padding[0], padding[1], _SPARSE_MAX_DENSITY)
+        w4 = w.detach().reshape(w.shape[:4]).contiguous()
+        if w[0].numel() < _SPARSE_MIN_FANIN:  # small fan-in: dense work with time as the lane
+            z = _ext.tlane_conv_fwd(x.detach(), w4, stride[0], stride[1], padding[0], padding[1])
+        else:
+            z = _ext.spike_conv_fwd(x.detach(), w4, stride[0], stride[1], padding[0], padding[1],
+                                    _SPARSE_MAX_DENSITY)
         if z is None:  # not provably exact: the stock call
             z = F.conv3d(x, w, None, stride, padding)
         ctx.save_for_backward(x, w)
@@ -1305,15 +1552,24 @@ class _SpikeConv(torch.autograd.Function):
         stride, padding = ctx.conf
         need_x, need_w = ctx.needs_input_grad[:2]
         gx = gw = None
-        if _gradients == "fast" and need_w and x.shape[1] >= _SPARSE_GRAD_MIN_CHANNELS and w.shape[2] * w.shape[3] > 1:
-            # spike-driven weight gradient (None: input not 0/1, or too dense to pay off)
-            gw = _ext.spike_weight_grad(x, g.contiguous(), w.shape[2], w.shape[3], stride[0], stride[1],
-                                        padding[0], padding[1], _SPARSE_GRAD_MAX_DENSITY)
+        if _gradients == "fast":
+            g = g.contiguous()
+            kh, kw = w.shape[2], w.shape[3]
+            if need_w and w[0].numel() < _SPARSE_MIN_FANIN:  # small fan-in: time as the lane
+                gw = _ext.tlane_weight_grad(x, g, kh, kw, stride[0], stride[1], padding[0], padding[1])
+            elif need_w and x.shape[1] >= _SPARSE_GRAD_MIN_CHANNELS and kh * kw > 1:
+                # spike-driven weight gradient (None: input not 0/1, or too dense to pay off)
+                gw = _ext.spike_weight_grad(x, g, kh, kw, stride[0], stride[1], padding[0], padding[1],
+                                            _SPARSE_GRAD_MAX_DENSITY)
             if gw is not None:
                 gw, need_w = gw.view(w.shape), False
+            if need_x and kh * kw == 1 and tuple(stride[:2]) == (1, 1) and tuple(padding[:2]) == (0, 0):
+                gx = _ext.tlane_input_grad_1x1(g, w.detach().reshape(w.shape[:2]).contiguous())
+                need_x = gx is None
         if need_x or need_w:  # what is left comes from oneDNN
-            gx, gw_dnn, _ = torch.ops.aten.convolution_backward(
+            gx_dnn, gw_dnn, _ = torch.ops.aten.convolution_backward(
                 g, x, w, None, stride, padding, [1, 1, 1], False, [0, 0, 0], 1, [need_x, need_w, False])
+            gx = gx_dnn if need_x else gx
             gw = gw_dnn if need_w else gw
         return gx, gw, None, None
 
