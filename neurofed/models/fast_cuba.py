@@ -363,6 +363,8 @@ static void cuba_fwd_rows_avx512(const CubaFwdArgs& A, int64_t b, int64_t e) {
                sth = _mm512_set1_ps(A.sth), tf = _mm512_set1_ps(A.tf), one = _mm512_set1_ps(1.f);
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const __m512 signbit = _mm512_castsi512_ps(_mm512_set1_epi32((int)0x80000000));
+  const __m256 rth8 = _mm256_set1_ps(A.rth);
+  const __m512i zero = _mm512_setzero_si512();
   for (int64_t r0 = b; r0 < e; r0 += NT * V) {
     float *tin[NT], *tea[NT], *tsp[NT];
     int64_t nr[NT];
@@ -404,15 +406,11 @@ static void cuba_fwd_rows_avx512(const CubaFwdArgs& A, int64_t b, int64_t e) {
                                               _mm512_cvttps_epi64(_mm512_castps512_ps256(cs)));
         const __m512i n_hi = _mm512_add_epi64(shift12_to_zero(_mm512_mullo_epi64(v_hi[u], vd)),
                                               _mm512_cvttps_epi64(_mm512_extractf32x8_ps(cs, 1)));
-        const __m512 vf = i64x16_to_f32(n_lo, n_hi);
-        if (RESET) {
-          const __mmask16 fire = _mm512_cmp_ps_mask(vf, rth, _CMP_GE_OQ);
-          v_lo[u] = _mm512_maskz_mov_epi64((__mmask8)(~fire & 0xff), n_lo);
-          v_hi[u] = _mm512_maskz_mov_epi64((__mmask8)((~fire >> 8) & 0xff), n_hi);
-        } else {
-          v_lo[u] = n_lo;
-          v_hi[u] = n_hi;
-        }
+        const __m256 f_lo = _mm512_cvtepi64_ps(n_lo), f_hi = _mm512_cvtepi64_ps(n_hi);
+        const __m512 vf = _mm512_insertf32x8(_mm512_castps256_ps512(f_lo), f_hi, 1);
+        // reset, with the fire test per 8-lane half (the masks stay in mask registers)
+        v_lo[u] = RESET ? _mm512_mask_mov_epi64(n_lo, _mm256_cmp_ps_mask(f_lo, rth8, _CMP_GE_OQ), zero) : n_lo;
+        v_hi[u] = RESET ? _mm512_mask_mov_epi64(n_hi, _mm256_cmp_ps_mask(f_hi, rth8, _CMP_GE_OQ), zero) : n_hi;
         v[u] = POW2 ? _mm512_mul_ps(vf, iws) : _mm512_div_ps(vf, ws);
         _mm512_storeu_ps(tsp[u] + (t + sh) * V, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v[u], sth, _CMP_GE_OQ), one));
         if (EARG) {
