@@ -20,8 +20,11 @@ patched (lava.lib.dl.slayer ...)                replacement
 ``neuron.dynamics.leaky_integrator.dynamics``   C++ leaky integrator, fwd + bwd (Affine
                                                 blocks, ALIF, trainable decays, ...)
 ``block.base.delay``                            single-copy one-step shift
-``synapse.layer.Conv/Dense.forward``            spike-driven forward (work ~ number of
-                                                input spikes) when provably exact;
+``synapse.layer.Conv/Dense.forward``            when provably exact: a time-lane
+                                                forward for fan-in < 64 (the 16 SIMD
+                                                lanes run along T), else a
+                                                spike-driven one (work ~ number of
+                                                input spikes) for sparse inputs;
                                                 backward = the stock conv3d backward
 ``synapse.layer.Pool.forward``                  direct pooling kernels, fwd + bwd
 ==============================================  =====================================
@@ -60,15 +63,26 @@ function of the integer voltage, but voltages range too widely below threshold f
 a cache-resident table, and the gather costs what exp does); ``vmsExp`` called
 inside the backward kernel on blocks of rows (MKL's per-call cost outweighs the
 saved pass); the 8-bit weight hook fused into one pass each way (bit-exact, but
-within measurement noise: it is ~2 % of a step); the spike-driven kernel for the
-first convolution (one input channel) and for inputs above ~15 % activity (oneDNN
-is faster there).
+within measurement noise: it is ~2 % of a step); the spike-driven kernel for
+inputs above ~15 % activity and for small fan-ins (oneDNN, and below fan-in 64 the
+time-lane kernel, are faster there); float64 lanes instead of int64 for the neuron
+states (exact below 2^53, and it passed the exactness tests, but no faster: the
+forward kernel is bound by its conversions and tile transposes, not by the 64-bit
+multiply).
 
 Fast gradients (opt-in: ``enable(gradients="fast")``, config ``federation.fast_gradients``)
 -------------------------------------------------------------------------------------------
 The forward is unchanged (spikes bit-identical to SLAYER, so Lava export fidelity is
-unaffected); two backward steps are computed another way:
+unaffected); some backward steps are computed another way:
 
+* the weight gradient of a synapse with fan-in Ci * KH * KW < 64 (a first layer)
+  comes from ``tlane_weight_grad``: multiply-adds with the 16 lanes along T and the
+  accumulators in registers, float32 over at most 64 vectors then float64, in a
+  fixed order (deterministic, independent of the thread count, more accurate than
+  oneDNN's: 4e-8 against 1.2e-7 of the sum of |terms| on the tested shapes);
+* the input gradient of a 1x1 synapse (a Dense layer) comes from
+  ``tlane_input_grad_1x1``, a time-lane product with the transposed weights (float32
+  sums over the output channels in order);
 * the weight gradient of a convolution with >= 32 input channels and <= 20 % active
   inputs comes from ``spike_weight_grad``: only positions with an input spike add
   their output gradient (oneDNN multiplies the zeros too). Its sum runs in a fixed
