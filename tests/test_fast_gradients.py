@@ -78,16 +78,21 @@ def test_spike_weight_grad_is_a_correctly_ordered_float32_sum(N, Ci, Co, H, W, T
     assert (ours - stock).abs().max() <= STOCK_TOLERANCE * stock.abs().max()
 
 
-def test_spike_weight_grad_does_not_depend_on_the_thread_count():
-    x, g = spikes(4, 48, 12, 12, 16, p=0.1), torch.randn(4, 40, 12, 12, 16)
+@pytest.mark.parametrize("kernel, Ci, Co, p, extra", [("spike_weight_grad", 48, 40, 0.1, (1.0,)),
+                                                     ("tlane_weight_grad", 2, 24, 0.3, ())])
+def test_weight_grad_kernels_do_not_depend_on_the_thread_count(kernel, Ci, Co, p, extra):
+    x, g = spikes(8, Ci, 12, 12, 16, p=p), torch.randn(8, Co, 12, 12, 16)
+    weight_grad = getattr(fast_cuba._ext, kernel)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = fast_cuba._ext.spike_weight_grad(x, g, 3, 3, 1, 1, 1, 1, 1.0)
+        one = weight_grad(x, g, 3, 3, 1, 1, 1, 1, *extra)
         torch.set_num_threads(2)
-        two = fast_cuba._ext.spike_weight_grad(x, g, 3, 3, 1, 1, 1, 1, 1.0)
+        two = weight_grad(x, g, 3, 3, 1, 1, 1, 1, *extra)
     finally:
         torch.set_num_threads(threads)
+    if one is None:
+        pytest.skip("the weight-gradient kernels need AVX-512")
     assert torch.equal(bits(one), bits(two))
 
 
@@ -150,21 +155,6 @@ def test_time_lane_input_grad_of_a_1x1_synapse(N, Ci, Co, H, W, T):
     assert ((ours.double() - exact).abs() <= Co * 6e-8 * magnitude + 1e-30).all()
     stock = input_grad(torch.float32)
     assert (ours - stock).abs().max() <= STOCK_TOLERANCE * stock.abs().max()
-
-
-def test_time_lane_weight_grad_does_not_depend_on_the_thread_count():
-    x, g = spikes(8, 2, 12, 12, 16, p=0.3), torch.randn(8, 24, 12, 12, 16)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = fast_cuba._ext.tlane_weight_grad(x, g, 3, 3, 1, 1, 1, 1)
-        torch.set_num_threads(2)
-        two = fast_cuba._ext.tlane_weight_grad(x, g, 3, 3, 1, 1, 1, 1)
-    finally:
-        torch.set_num_threads(threads)
-    if one is None:
-        pytest.skip("time-lane kernels need AVX-512")
-    assert torch.equal(bits(one), bits(two))
 
 
 # --------------------------------------------------------------------------- network
