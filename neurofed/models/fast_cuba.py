@@ -101,9 +101,10 @@ move by up to 7e-6 between 1 and 2 torch threads (oneDNN's reduction order depen
 on the thread count), so bit-identity with SLAYER only ever holds at a fixed thread
 count.
 Training from the same start then follows a slightly different trajectory, as it
-would with another thread count. Measured gain (``benchmarks/train_throughput.py``):
-S-VGG9 2.4x -> 3.2x over stock at 1 thread; the digits CNN 5.5x -> 6.0x (its
-convolutions are too small and too dense for the spike-driven weight gradient).
+would with another thread count. Measured gain (``benchmarks/train_throughput.py``,
+1 thread, best steps over stock): S-VGG9 2.5x -> 3.3x; the digits CNN 5.6-5.9x ->
+6.3-6.9x (its second convolution is too small and too dense for the spike-driven
+weight gradient; the time-lane kernels carry its first and last layers).
 
 Use::
 
