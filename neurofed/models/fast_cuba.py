@@ -1148,7 +1148,8 @@ static torch::Tensor tlane_conv(const torch::Tensor& x, const float* wT, int64_t
 torch::Tensor tlane_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_t SW, int64_t PH, int64_t PW) {
   const int64_t Co = w.size(0), K = w.size(1) * w.size(2) * w.size(3);
   const float* wp = w.data_ptr<float>();
-  if (x.numel() == 0 || Co == 0 || !exact_weights(wp, Co, K)) return torch::Tensor();
+  const bool fits = x.size(2) + 2 * PH >= w.size(2) && x.size(3) + 2 * PW >= w.size(3);  // else F.conv3d reports it
+  if (!fits || x.numel() == 0 || Co == 0 || !exact_weights(wp, Co, K)) return torch::Tensor();
   if (!all_binary(x.data_ptr<float>(), x.numel())) return torch::Tensor();
   std::vector<float> wT(K * Co);
   for (int64_t co = 0; co < Co; ++co)
@@ -1536,14 +1537,16 @@ _SPARSE_GRAD_MAX_DENSITY = 0.2
 
 
 class _SpikeConv(torch.autograd.Function):
-    """``F.conv3d`` synapse whose forward skips the work for silent inputs.
+    """``F.conv3d`` synapse with kernels for small fan-ins and sparse inputs.
 
-    Forward: ``spike_conv_fwd`` when the input is all 0/1 and the weights pass the
-    exactness check in the C++ source (then every output is the exact sum, as
-    F.conv3d's is), else ``F.conv3d`` itself. Backward: the very call autograd makes
-    for ``F.conv3d`` (``aten.convolution_backward`` with the same tensors and
-    arguments), so input and weight gradients are SLAYER's bit for bit; with fast
-    gradients the weight gradient may come from ``spike_weight_grad`` instead."""
+    Forward: ``tlane_conv_fwd`` (fan-in < 64) or ``spike_conv_fwd`` (sparse input)
+    when the input is all 0/1 and the weights pass the exactness check in the C++
+    source (then every output is the exact sum, as F.conv3d's is), else ``F.conv3d``
+    itself. Backward: the very call autograd makes for ``F.conv3d``
+    (``aten.convolution_backward`` with the same tensors and arguments), so input and
+    weight gradients are SLAYER's bit for bit; with fast gradients the weight gradient
+    may come from ``tlane_weight_grad`` or ``spike_weight_grad`` and a 1x1 synapse's
+    input gradient from ``tlane_input_grad_1x1`` instead."""
 
     @staticmethod
     def forward(ctx, x, w, stride, padding):
