@@ -234,6 +234,8 @@ constexpr int V = 16;
 // Pure data movement; AVX-512 builds use 16x16 in-register transposes.
 #if defined(__AVX512F__)
 #include <immintrin.h>
+// mask of the first min(m, 16) lanes
+static inline __mmask16 first_lanes(int64_t m) { return m >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << m) - 1u); }
 static inline void transpose16(__m512 r[16]) {
   __m512 t[16];
   for (int i = 0; i < 8; ++i) {
@@ -261,7 +263,7 @@ static inline void load_tile(const float* src, int64_t T, int64_t nr, float* til
   __m512 r[16];
   for (int64_t tc = 0; tc < T; tc += 16) {
     const int64_t m = std::min<int64_t>(16, T - tc);
-    const __mmask16 mk = (__mmask16)((1u << m) - 1u);
+    const __mmask16 mk = first_lanes(m);
     for (int j = 0; j < 16; ++j)
       r[j] = j < nr ? _mm512_maskz_loadu_ps(mk, src + j * T + tc) : _mm512_setzero_ps();
     transpose16(r);
@@ -272,7 +274,7 @@ static inline void store_tile(const float* tile, int64_t T, int64_t nr, float* d
   __m512 r[16];
   for (int64_t tc = 0; tc < T; tc += 16) {
     const int64_t m = std::min<int64_t>(16, T - tc);
-    const __mmask16 mk = (__mmask16)((1u << m) - 1u);
+    const __mmask16 mk = first_lanes(m);
     for (int i = 0; i < 16; ++i)
       r[i] = i < m ? _mm512_loadu_ps(tile + (tc + i) * V) : _mm512_setzero_ps();
     transpose16(r);
@@ -374,8 +376,8 @@ static void cuba_fwd_rows_avx512(const CubaFwdArgs& A, int64_t b, int64_t e) {
   std::vector<float> buf(NT * tile_floats);
   const int64_t sh = A.sh;
   const __m512i cd = _mm512_set1_epi64(A.cd), vd = _mm512_set1_epi64(A.vd);
-  const __m512 ws = _mm512_set1_ps(A.ws), iws = _mm512_set1_ps(A.iws), rth = _mm512_set1_ps(A.rth),
-               sth = _mm512_set1_ps(A.sth), tf = _mm512_set1_ps(A.tf), one = _mm512_set1_ps(1.f);
+  const __m512 ws = _mm512_set1_ps(A.ws), iws = _mm512_set1_ps(A.iws), sth = _mm512_set1_ps(A.sth),
+               tf = _mm512_set1_ps(A.tf), one = _mm512_set1_ps(1.f);
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const __m512 signbit = _mm512_castsi512_ps(_mm512_set1_epi32((int)0x80000000));
   const __m256 rth8 = _mm256_set1_ps(A.rth);
@@ -691,6 +693,25 @@ static bool weight_grid(const float* w, int64_t Co, int64_t K, int* kmax_out, do
   return true;
 }
 
+// Weights [Co][K] on a grid with bounded channel sums (every partial sum exact).
+static bool exact_weights(const float* wp, int64_t Co, int64_t K) {
+  std::atomic<bool> exact{true};
+  std::atomic<int> kmax{0};
+  std::vector<double> sums(Co, 0.0);
+  at::parallel_for(0, Co, 16, [&](int64_t b, int64_t e) {
+    int k;
+    double sm;
+    for (int64_t co = b; co < e; ++co) {
+      if (!weight_grid(wp + co * K, 1, K, &k, &sm)) { exact = false; return; }
+      sums[co] = sm;
+      int cur = kmax.load();
+      while (k > cur && !kmax.compare_exchange_weak(cur, k)) {}
+    }
+  });
+  const double summax = Co > 0 ? *std::max_element(sums.begin(), sums.end()) : 0.0;
+  return exact && kmax.load() <= 60 && std::ldexp(summax, kmax.load()) < 16777216.0;
+}
+
 #if defined(__AVX512F__)
 // out[0 .. 16*nv) = sum over rows r of r[off .. off + 16*nv), accumulated in registers.
 template <int NV>
@@ -756,7 +777,7 @@ static bool spike_masks(const float* xp, int64_t N, int64_t Ci, int64_t HWT,
     __m512 r[16];
     for (int64_t it = b; it < e; ++it) {
       const int64_t n = it / nq, q0 = (it % nq) * 16, qm = std::min<int64_t>(16, HWT - q0);
-      const __mmask16 lm = (__mmask16)((1u << qm) - 1u);
+      const __mmask16 lm = first_lanes(qm);
       for (int64_t cw = 0; cw < CiW; ++cw) {
         for (int j = 0; j < 16; ++j) {
           const int64_t ci = cw * 16 + j;
@@ -782,25 +803,6 @@ static bool spike_masks(const float* xp, int64_t N, int64_t Ci, int64_t HWT,
   });
   *active_out = active.load();
   return binary.load();
-}
-
-// Weights [Co][K] on a grid with bounded channel sums (exactness, see above).
-static bool exact_weights(const float* wp, int64_t Co, int64_t K) {
-  std::atomic<bool> exact{true};
-  std::atomic<int> kmax{0};
-  std::vector<double> sums(Co, 0.0);
-  at::parallel_for(0, Co, 16, [&](int64_t b, int64_t e) {
-    int k;
-    double sm;
-    for (int64_t co = b; co < e; ++co) {
-      if (!weight_grid(wp + co * K, 1, K, &k, &sm)) { exact = false; return; }
-      sums[co] = sm;
-      int cur = kmax.load();
-      while (k > cur && !kmax.compare_exchange_weak(cur, k)) {}
-    }
-  });
-  const double summax = Co > 0 ? *std::max_element(sums.begin(), sums.end()) : 0.0;
-  return exact && kmax.load() <= 60 && std::ldexp(summax, kmax.load()) < 16777216.0;
 }
 
 torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_t SW,
@@ -838,7 +840,7 @@ torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64
       const int64_t nc = std::min<int64_t>(16, Co - co0);
       for (int64_t k0 = 0; k0 < K; k0 += 16) {
         const int64_t nk = std::min<int64_t>(16, K - k0);
-        const __mmask16 km = (__mmask16)((1u << nk) - 1u);
+        const __mmask16 km = first_lanes(nk);
         for (int j = 0; j < 16; ++j)
           r[j] = j < nc ? _mm512_maskz_loadu_ps(km, wp + (co0 + j) * K + k0) : _mm512_setzero_ps();
         transpose16(r);
@@ -896,7 +898,7 @@ torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64
           }
           // acc[tt][co] -> z[n, co, ho, wo, t0 + tt]
           float* zb = zp + ((n * Co_ * Ho_ + ho) * Wo_ + wo) * T_ + t0;
-          const __mmask16 mk = (__mmask16)((1u << m) - 1u);
+          const __mmask16 mk = first_lanes(m);
           for (int64_t c0 = 0; c0 < Co_; c0 += 16) {
             const int64_t nc = std::min<int64_t>(16, Co_ - c0);
             __m512 r[16];
@@ -998,7 +1000,7 @@ torch::Tensor spike_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, in
     for (int64_t it = b; it < e; ++it) {
       const int64_t n = it / (CoV * PB), cv = (it / PB) % CoV, p0 = (it % PB) * 16;
       const int64_t nc = std::min<int64_t>(16, Co - cv * 16), np = std::min<int64_t>(16, P - p0);
-      const __mmask16 pm = (__mmask16)((1u << np) - 1u);
+      const __mmask16 pm = first_lanes(np);
       for (int j = 0; j < 16; ++j)
         r[j] = j < nc ? _mm512_maskz_loadu_ps(pm, gp + ((n * Co + cv * 16 + j) * P + p0)) : _mm512_setzero_ps();
       transpose16(r);
@@ -1059,7 +1061,7 @@ static bool all_binary(const float* xp, int64_t n) {
     const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
     __mmask16 bad = 0;
     for (int64_t i = b * 16; i < std::min(n, e * 16); i += 16) {
-      const __mmask16 lm = (__mmask16)((1u << std::min<int64_t>(16, n - i)) - 1u);
+      const __mmask16 lm = first_lanes(n - i);
       const __m512 v = _mm512_maskz_loadu_ps(lm, xp + i);
       bad |= (__mmask16)(~(_mm512_cmp_ps_mask(v, zero, _CMP_EQ_OQ) | _mm512_cmp_ps_mask(v, one, _CMP_EQ_OQ)) & lm);
     }
@@ -1110,7 +1112,7 @@ static void tlane_fwd_rows(const TLaneConv& c, const float* wT, float* zp, int64
       for (int64_t k = 0; k < K; ++k) xk[k] = c.x + n * c.nstride() + c.pos(ho, wo0) + c.off[k];
       float* zb = zp + (n * Co * Ho + ho) * Wo * T + wo0 * T;
       for (int64_t q = 0; q < run; q += 16) {
-        const __mmask16 lm = (__mmask16)((1u << std::min<int64_t>(16, run - q)) - 1u);
+        const __mmask16 lm = first_lanes(run - q);
         for (int64_t co0 = 0; co0 < Co; co0 += CB) {
           __m512 acc[CB];
 #pragma GCC unroll 8
@@ -1201,7 +1203,7 @@ static void tlane_wgrad_taps(const TLaneConv& c, const float* gp, int64_t co0, i
         if (pending + vecs > WG_FLUSH) flush();
         pending += vecs;
         for (int64_t q = 0; q < run; q += 16) {
-          const __mmask16 lm = (__mmask16)((1u << std::min<int64_t>(16, run - q)) - 1u);
+          const __mmask16 lm = first_lanes(run - q);
           __m512 gv[CB];
 #pragma GCC unroll 4
           for (int j = 0; j < CB; ++j) gv[j] = _mm512_maskz_loadu_ps(lm, gb + j * P + q);
@@ -1276,10 +1278,7 @@ torch::Tensor pool_fwd(torch::Tensor x, torch::Tensor w) {
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
   const int64_t KH = w.size(0), KW = w.size(1), Ho = H / KH, Wo = W / KW;
   const float* wp = w.data_ptr<float>();
-  int kmax;
-  double summax;
-  if (!weight_grid(wp, 1, KH * KW, &kmax, &summax) || kmax > 60 || std::ldexp(summax, kmax) >= 16777216.0)
-    return torch::Tensor();
+  if (!exact_weights(wp, 1, KH * KW)) return torch::Tensor();
   auto z = torch::empty({N, C, Ho, Wo, T}, x.options());
   const float* xp = x.data_ptr<float>();
   float* zp = z.data_ptr<float>();
@@ -1293,7 +1292,7 @@ torch::Tensor pool_fwd(torch::Tensor x, torch::Tensor w) {
         for (int64_t t0 = 0; t0 < T; t0 += 16) {
           const int64_t m = std::min<int64_t>(16, T - t0);
 #if defined(__AVX512F__)
-          const __mmask16 lm = (__mmask16)((1u << m) - 1u);
+          const __mmask16 lm = first_lanes(m);
           const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
           __m512 acc = zero;
           __mmask16 good = lm;
