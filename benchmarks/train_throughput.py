@@ -132,9 +132,11 @@ def worker(conn, mode: str, name: str, batch: int, T: int, nbatches: int, thread
         from neurofed.models import fast_cuba
 
         info["fast_enabled"] = fast_cuba.enable(gradients="fast" if mode == "fast-grad" else "exact")
+    from neurofed.fl.train import make_optimizer  # the clients' optimizer (no fast_cuba import)
+
     torch.manual_seed(0)
     net = build_net(name)
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    opt = make_optimizer(net.parameters(), {"optimizer": "adam", "lr": 1e-3})
     batches = make_batches(name, batch, T, nbatches)
     state = {"i": 0}
 

@@ -20,6 +20,9 @@ fast_cuba = pytest.importorskip("neurofed.models.fast_cuba")
 if not fast_cuba.is_available():  # pragma: no cover - no C++ toolchain
     pytest.skip(f"fast_cuba extension unavailable: {fast_cuba._ext_error}", allow_module_level=True)
 
+# the extension was built with the AVX-512 VNNI synapse kernel (it declines a 0/1 input otherwise)
+HAS_VNNI = fast_cuba._ext.vnni_conv_fwd(torch.ones(1, 4, 1, 1, 16), torch.ones(1, 4, 1, 1), 1, 1, 0, 0) is not None
+
 NEURON = dict(threshold=1.25, current_decay=0.25, voltage_decay=0.03, tau_grad=0.1, scale_grad=1.0,
               requires_grad=False)
 
@@ -94,14 +97,17 @@ class _CountingExt:
     """Wraps the extension to record which kernels ran."""
 
     def __init__(self, ext):
-        self._ext, self.calls = ext, []
+        self._ext, self.calls, self.ran = ext, [], []  # ran: calls that returned a result
 
     def __getattr__(self, name):
         fn = getattr(self._ext, name)
 
         def wrapped(*args):
             self.calls.append(name)
-            return fn(*args)
+            result = fn(*args)
+            if result is not None:
+                self.ran.append(name)
+            return result
 
         return wrapped
 
@@ -126,24 +132,32 @@ def test_conv_block():
     assert out["out0"].sum() > 0
 
 
-def test_conv_and_dense_blocks_with_spike_driven_synapse(monkeypatch):
-    # fan-in >= 64 and sparse input: the synapse forward runs spike_conv_fwd
+@pytest.mark.parametrize("weight_scale, kernel", [
+    (4, "vnni_conv_fwd"),  # 8-bit weights: integer products
+    (60, "spike_conv_fwd"),  # weights beyond int8 (|w| >= 4 on SLAYER's 2^-5 grid), sparse input: spike-driven
+])
+def test_conv_and_dense_blocks_with_large_fan_in(monkeypatch, weight_scale, kernel):
+    # fan-in >= 64 and 0/1 input: the synapse forward runs one of the C++ kernels
+    if kernel == "vnni_conv_fwd" and not HAS_VNNI:
+        pytest.skip("the 8-bit synapse kernel needs AVX-512 VNNI")
     counter = _CountingExt(fast_cuba._ext)
     monkeypatch.setattr(fast_cuba, "_ext", counter)
 
     def make_conv():
-        return cuba().Conv(NEURON, 8, 20, 3, padding=1, weight_scale=4, weight_norm=False,
+        return cuba().Conv(NEURON, 8, 20, 3, padding=1, weight_scale=weight_scale, weight_norm=False,
                            pre_hook_fx=quantize_8bit)
 
     out = compare(make_conv, [spikes(2, 8, 7, 5, 19, p=0.1)], expect_grads=("grad_x0", "grad_synapse.weight0"))
     assert out["out0"].sum() > 0
 
     def make_dense():
-        return cuba().Dense(NEURON, 100, 24, pre_hook_fx=quantize_8bit, weight_scale=4)
+        return cuba().Dense(NEURON, 100, 24, pre_hook_fx=quantize_8bit, weight_scale=weight_scale)
 
     out = compare(make_dense, [spikes(3, 100, 11, p=0.1)], expect_grads=("grad_x0", "grad_synapse.weight0"))
     assert out["out0"].sum() > 0
-    assert counter.calls.count("spike_conv_fwd") == 2
+    # the forward ran the kernel (not F.conv3d): it returned a tensor, twice
+    assert counter.ran.count(kernel) == 2
+    assert counter.ran.count("vnni_conv_fwd") + counter.ran.count("spike_conv_fwd") == 2
 
 
 @pytest.mark.parametrize("N, Ci, Co, H, W, T, k, stride, pad, p", [
@@ -187,6 +201,30 @@ def test_time_lane_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad)
     # declines (caller falls back to F.conv3d) when the result might not be exact
     assert fast_cuba._ext.tlane_conv_fwd(x * 0.5 + (x == 0) * 0.25, w4, stride, stride, pad, pad) is None
     assert fast_cuba._ext.tlane_conv_fwd(x, w4 * (1 + 1e-6), stride, stride, pad, pad) is None
+
+
+@pytest.mark.parametrize("N, Ci, Co, H, W, T, k, stride, pad", [
+    (4, 16, 32, 4, 4, 16, 3, 1, 1),  # the digits CNN's second layer
+    (3, 70, 20, 5, 4, 19, 3, 2, 1),  # stride 2, channels not a multiple of 4, T not a multiple of 16
+    (2, 512, 10, 1, 1, 16, 1, 1, 0),  # a dense layer (1x1): 10 outputs = blocks of 8 + 2
+    (1, 9, 37, 6, 5, 33, 5, 1, 2),  # 5x5 kernel; 37 outputs = 16 + 16 + 4 + 1
+])
+def test_8bit_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad):
+    x = spikes(N, Ci, H, W, T, p=0.3, seed=Ci)
+    w = quantize_8bit((torch.randn(Co, Ci, k, k, 1, generator=torch.Generator().manual_seed(Co)) * 1.5).clamp(-3.95, 3.95))
+    assert 64 <= w.abs().max() * 32 < 128  # SLAYER's grid is 2^-5: int8 weights, the full range used
+    ref = torch.nn.functional.conv3d(x, w, None, (stride, stride, 1), (pad, pad, 0))
+    w4 = w.reshape(w.shape[:4]).contiguous()
+    z = fast_cuba._ext.vnni_conv_fwd(x, w4, stride, stride, pad, pad)
+    if z is None:
+        pytest.skip("the 8-bit synapse kernel needs AVX-512 VNNI")
+    assert_identical(ref, z, "conv output")
+    # declines (the caller tries the next kernel) when 8-bit products cannot give the exact sum
+    assert fast_cuba._ext.vnni_conv_fwd(x * 0.5 + (x == 0) * 0.25, w4, stride, stride, pad, pad) is None
+    assert fast_cuba._ext.vnni_conv_fwd(x, w4 * (1 + 1e-6), stride, stride, pad, pad) is None
+    beyond_int8 = w4.clone()
+    beyond_int8.view(-1)[0] = 128 / 32  # 128 on the 2^-5 grid
+    assert fast_cuba._ext.vnni_conv_fwd(x, beyond_int8, stride, stride, pad, pad) is None
 
 
 def test_hooks_on_neurons_still_run():
@@ -292,7 +330,9 @@ def test_digits_cnn_training_step(monkeypatch):
     # the fast run really used the fused kernels (4 neuron layers x 2 calls), the time-lane
     # synapse of the one-channel first layer and the pool backward
     assert counter.calls.count("cuba_fwd") == 8 and counter.calls.count("cuba_bwd") == 8
-    assert counter.calls.count("tlane_conv_fwd") == 2
+    assert counter.ran.count("tlane_conv_fwd") == 2
+    if HAS_VNNI:  # the second convolution and the dense layer in 8-bit integers
+        assert counter.ran.count("vnni_conv_fwd") == 4
     assert len(pool_calls) == 2
 
 

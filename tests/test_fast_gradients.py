@@ -112,6 +112,7 @@ TLANE_CASES = [  # N, Ci, Co, H, W, T, kernel, stride, padding; graded (non-spik
     (2, 3, 7, 9, 7, 19, 3, 2, 1),  # odd output-channel count, stride 2, T not a multiple of 16
     (3, 2, 4, 6, 6, 5, 5, 1, 2),
     (2, 7, 6, 5, 5, 33, 3, 1, 0),  # fan-in 63: six tap chunks
+    (32, 512, 10, 1, 1, 16, 1, 1, 0),  # the digits CNN's dense head: 4 + 4 + 2 output channels
 ]
 
 
@@ -193,10 +194,11 @@ def test_network_step_same_spikes_and_gradients_within_tolerance(monkeypatch):
     fast_out, fast = step("fast")
     fast_calls = counter.calls[calls_before:]
     # the fast mode really ran its kernels: spike weight gradients for the 32- and
-    # 48-channel convolutions, the time-lane weight gradient for the 2-channel one and
-    # the input gradient of the dense layer (the neuron backward's inline exp is tested above)
+    # 48-channel convolutions, the time-lane weight gradient for the 2-channel one and the
+    # 10-output dense layer, and the dense layer's input gradient (the neuron backward's
+    # inline exp is tested above)
     assert fast_calls.count("spike_weight_grad") == 2
-    assert fast_calls.count("tlane_weight_grad") == 1 and fast_calls.count("tlane_input_grad_1x1") == 1
+    assert fast_calls.count("tlane_weight_grad") == 2 and fast_calls.count("tlane_input_grad_1x1") == 1
     assert fast_cuba.gradients() == "exact"  # enabled() restored the mode
     assert stock_out.sum() > 0
     assert torch.equal(bits(stock_out), bits(fast_out)) and torch.equal(bits(stock_out), bits(exact_out))

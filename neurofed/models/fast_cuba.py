@@ -693,8 +693,9 @@ static bool weight_grid(const float* w, int64_t Co, int64_t K, int* kmax_out, do
   return true;
 }
 
-// Weights [Co][K] on a grid with bounded channel sums (every partial sum exact).
-static bool exact_weights(const float* wp, int64_t Co, int64_t K) {
+// Weights [Co][K] on a grid with bounded channel sums (every partial sum exact);
+// k_out (optional) receives the grid exponent k: every w * 2^k is an integer.
+static bool exact_weights(const float* wp, int64_t Co, int64_t K, int* k_out = nullptr) {
   std::atomic<bool> exact{true};
   std::atomic<int> kmax{0};
   std::vector<double> sums(Co, 0.0);
@@ -709,6 +710,7 @@ static bool exact_weights(const float* wp, int64_t Co, int64_t K) {
     }
   });
   const double summax = Co > 0 ? *std::max_element(sums.begin(), sums.end()) : 0.0;
+  if (k_out) *k_out = kmax.load();
   return exact && kmax.load() <= 60 && std::ldexp(summax, kmax.load()) < 16777216.0;
 }
 
@@ -1218,17 +1220,18 @@ static void tlane_wgrad_taps(const TLaneConv& c, const float* gp, int64_t co0, i
   flush();
 }
 
+// taps k0 .. k0 + kc of CB output channels, kc <= KC (compile-time widths)
+template <int CB, int KC>
+static void tlane_wgrad_tail(const TLaneConv& c, const float* gp, int64_t co0, int64_t k0, int64_t kc, double* dacc) {
+  if (kc == KC) tlane_wgrad_taps<CB, KC>(c, gp, co0, k0, dacc);
+  else if constexpr (KC > 1) tlane_wgrad_tail<CB, KC - 1>(c, gp, co0, k0, kc, dacc);
+}
+
+// CB x KC accumulators + CB gradient rows + 1 input row within the 32 vector registers
 template <int CB>
 static void tlane_wgrad_channels(const TLaneConv& c, const float* gp, int64_t co0, double* dacc) {
-  constexpr int KC = 12;  // 2 x 12 accumulators + 2 gradient rows + 1 input row: 27 of 32 registers
-  for (int64_t k0 = 0; k0 < c.K; k0 += KC) {
-    switch (std::min<int64_t>(KC, c.K - k0)) {
-#define NF_TW(KK) case KK: tlane_wgrad_taps<CB, KK>(c, gp, co0, k0, dacc); break;
-      NF_TW(1) NF_TW(2) NF_TW(3) NF_TW(4) NF_TW(5) NF_TW(6) NF_TW(7) NF_TW(8) NF_TW(9) NF_TW(10) NF_TW(11)
-      default: NF_TW(12)
-#undef NF_TW
-    }
-  }
+  constexpr int KC = CB >= 4 ? 6 : 12;
+  for (int64_t k0 = 0; k0 < c.K; k0 += KC) tlane_wgrad_tail<CB, KC>(c, gp, co0, k0, std::min<int64_t>(KC, c.K - k0), dacc);
 }
 
 torch::Tensor tlane_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
@@ -1238,19 +1241,188 @@ torch::Tensor tlane_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, in
   auto gw = torch::empty({c.Co, c.Ci, KH, KW}, g.options());
   const float* gp = g.data_ptr<float>();
   float* gwp = gw.data_ptr<float>();
-  constexpr int CB = 2;
+  // blocks of CB output channels (4, then 2 and 1 for the rest): each pass over the
+  // input serves CB channels
+  constexpr int CB = 4;
   at::parallel_for(0, (c.Co + CB - 1) / CB, 1, [&](int64_t b, int64_t e) {
     std::vector<double> dacc(CB * c.K);
     for (int64_t blk = b; blk < e; ++blk) {
       const int64_t co0 = blk * CB, nc = std::min<int64_t>(CB, c.Co - co0);
       std::fill(dacc.begin(), dacc.end(), 0.0);
-      if (nc == 2) tlane_wgrad_channels<2>(c, gp, co0, dacc.data());
-      else tlane_wgrad_channels<1>(c, gp, co0, dacc.data());
+      for (int64_t j = 0; j < nc;) {
+        const int64_t w = nc - j >= 4 ? 4 : nc - j >= 2 ? 2 : 1;
+        double* d = dacc.data() + j * c.K;
+        if (w == 4) tlane_wgrad_channels<4>(c, gp, co0 + j, d);
+        else if (w == 2) tlane_wgrad_channels<2>(c, gp, co0 + j, d);
+        else tlane_wgrad_channels<1>(c, gp, co0 + j, d);
+        j += w;
+      }
       for (int64_t i = 0; i < nc * c.K; ++i) gwp[co0 * c.K + i] = (float)dacc[i];
     }
   });
   return gw;
 }
+// ---- Convolutions in 8-bit integers (AVX-512 VNNI) ----
+//
+// Synapse forward for 0/1 inputs and weights w = q * 2^-k with integer q in [-128, 127]
+// (SLAYER's 8-bit quantized weights, as long as |w| < 128 * 2^-k): z = 2^-k * sum q * x,
+// the sum taken in int32 by vpdpbusd (4 byte products per 32-bit lane, 64 multiply-adds
+// per instruction: 4x the float32 FMA rate). Together with the grid check of
+// spike_conv_fwd (sum |q| < 2^24), the int32 sum converts to float32 exactly and the
+// power-of-two scale is exact, so z is the exact sum: F.conv3d's result. Lanes run
+// along T; the input is repacked as [N][Hp][Wp][Ci/4][T16] int32 words (zero padded in
+// H, W, channels and T), so each tap of 16 time steps x 4 channels is one 64-byte load,
+// multiplied with 4 weights broadcast per output channel.
+#if defined(__AVX512VNNI__)
+struct VnniConv {
+  int64_t CQ, Hp, Wp, TP, KH, KW;
+  const int32_t* xq;  // [N][Hp][Wp][CQ][TP]: 4 input channels per word, one byte each
+  const int32_t* wq;  // [Co][KH * KW][CQ]: the 4 matching int8 weights per word
+  __m512 scale;       // 2^-k
+};
+
+// OB output channels from co0 of one (n, ho, wo, 16 time steps) output block.
+template <int OB>
+static inline void vnni_block(const VnniConv& c, const int32_t* xr, int64_t co0, float* zb, int64_t zstride,
+                              __mmask16 lm) {
+  __m512i acc[OB];
+#pragma GCC unroll 16
+  for (int j = 0; j < OB; ++j) acc[j] = _mm512_setzero_si512();
+  const int64_t word_row = c.CQ * c.TP, wstride = c.KH * c.KW * c.CQ;
+  const int32_t* w0 = c.wq + co0 * wstride;
+  for (int64_t kh = 0; kh < c.KH; ++kh)
+    for (int64_t kw = 0; kw < c.KW; ++kw) {
+      const int32_t* xt = xr + (kh * c.Wp + kw) * word_row;
+      const int32_t* wt = w0 + (kh * c.KW + kw) * c.CQ;
+      for (int64_t cq = 0; cq < c.CQ; ++cq) {
+        const __m512i a = _mm512_loadu_si512(xt + cq * c.TP);
+#pragma GCC unroll 16
+        for (int j = 0; j < OB; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], a, _mm512_set1_epi32(wt[j * wstride + cq]));
+      }
+    }
+#pragma GCC unroll 16
+  for (int j = 0; j < OB; ++j)
+    _mm512_mask_storeu_ps(zb + (co0 + j) * zstride, lm, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[j]), c.scale));
+}
+
+torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_t SW, int64_t PH, int64_t PW) {
+  const int64_t N = x.size(0), Ci = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
+  const int64_t Co = w.size(0), KH = w.size(2), KW = w.size(3), KK = KH * KW;
+  VnniConv c;
+  c.CQ = (Ci + 3) / 4; c.Hp = H + 2 * PH; c.Wp = W + 2 * PW; c.TP = (T + 15) / 16 * 16; c.KH = KH; c.KW = KW;
+  const int64_t CQ = c.CQ, TP = c.TP, Hp = c.Hp, Wp = c.Wp;
+  if (Hp < KH || Wp < KW || x.numel() == 0 || Co == 0) return torch::Tensor();  // F.conv3d reports/handles it
+  const int64_t Ho = (Hp - KH) / SH + 1, Wo = (Wp - KW) / SW + 1;
+  const float* wp = w.data_ptr<float>();
+  int k = 0;
+  if (!exact_weights(wp, Co, Ci * KK, &k)) return torch::Tensor();
+  // q = w * 2^k: an exact product (power of two) and an integer (grid check);
+  // bytes [co][kk][ci] (ci padded to 4 * CQ), i.e. words [co][kk][cq]
+  const float to_int = std::ldexp(1.f, k);
+  std::vector<int32_t> wq(Co * KK * CQ, 0);
+  int8_t* wb = reinterpret_cast<int8_t*>(wq.data());
+  std::atomic<bool> int8{true};
+  at::parallel_for(0, Co, 16, [&](int64_t b, int64_t e) {
+    const __m512 lo = _mm512_set1_ps(-128.f), hi = _mm512_set1_ps(127.f), scale = _mm512_set1_ps(to_int);
+    __mmask16 out_of_range = 0;
+    for (int64_t co = b; co < e; ++co) {
+      const float* wr = wp + co * Ci * KK;
+      for (int64_t kk = 0; kk < KK; ++kk) {
+        int8_t* dst = wb + (co * KK + kk) * CQ * 4;
+        for (int64_t ci = 0; ci < Ci; ci += 16) {
+          const __mmask16 lm = first_lanes(Ci - ci);
+          const __m512 q = KK == 1 ? _mm512_mul_ps(_mm512_maskz_loadu_ps(lm, wr + ci), scale)
+                                   : _mm512_mul_ps(_mm512_mask_i32gather_ps(_mm512_setzero_ps(), lm,
+                                         _mm512_mullo_epi32(_mm512_add_epi32(_mm512_set1_epi32((int)ci),
+                                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)),
+                                         _mm512_set1_epi32((int)KK)), wr + kk, 4), scale);
+          out_of_range |= _mm512_mask_cmp_ps_mask(lm, q, lo, _CMP_LT_OQ) | _mm512_mask_cmp_ps_mask(lm, q, hi, _CMP_GT_OQ);
+          _mm_mask_storeu_epi8(dst + ci, lm, _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(q)));
+        }
+      }
+    }
+    if (out_of_range) int8 = false;
+  });
+  if (!int8.load()) return torch::Tensor();
+  c.wq = wq.data();
+  c.scale = _mm512_set1_ps(std::ldexp(1.f, -k));
+
+  // repack the input; also checks that every input is 0 or 1
+  std::vector<int32_t> xq(N * Hp * Wp * CQ * TP);
+  int32_t* xqp = xq.data();
+  const float* xp = x.data_ptr<float>();
+  std::atomic<bool> binary{true};
+  const int64_t pos_words = CQ * TP;
+  at::parallel_for(0, N * Hp, 1, [&](int64_t b, int64_t e) {
+    const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
+    __mmask16 bad = 0;
+    for (int64_t nh = b; nh < e; ++nh) {
+      const int64_t n = nh / Hp, hp = nh % Hp, h = hp - PH;
+      int32_t* row = xqp + nh * Wp * pos_words;
+      if (h < 0 || h >= H) {  // padding row
+        std::memset(row, 0, Wp * pos_words * sizeof(int32_t));
+        continue;
+      }
+      std::memset(row, 0, PW * pos_words * sizeof(int32_t));
+      std::memset(row + (PW + W) * pos_words, 0, PW * pos_words * sizeof(int32_t));
+      for (int64_t wi = 0; wi < W; ++wi) {
+        int32_t* dst = row + (wi + PW) * pos_words;
+        for (int64_t cq = 0; cq < CQ; ++cq)
+          for (int64_t t0 = 0; t0 < TP; t0 += 16) {
+            const __mmask16 lm = first_lanes(T - t0);
+            __m512i word = _mm512_setzero_si512();
+            for (int64_t j = 0; j < 4 && cq * 4 + j < Ci; ++j) {
+              const __m512 v = _mm512_maskz_loadu_ps(lm, xp + (((n * Ci + cq * 4 + j) * H + h) * W + wi) * T + t0);
+              const __mmask16 is1 = _mm512_cmp_ps_mask(v, one, _CMP_EQ_OQ);
+              bad |= (__mmask16)(~(_mm512_cmp_ps_mask(v, zero, _CMP_EQ_OQ) | is1) & lm);
+              word = _mm512_mask_or_epi32(word, is1, word, _mm512_set1_epi32(1 << (8 * j)));
+            }
+            _mm512_storeu_si512(dst + cq * TP + t0, word);
+          }
+      }
+    }
+    if (bad) binary = false;
+  });
+  if (!binary.load()) return torch::Tensor();
+  c.xq = xqp;
+
+  // output channel blocks of 16, then 8, 4, 2, 1; work items (block, n, ho) with the
+  // block outermost, so a thread's consecutive items reuse the block's weights from cache
+  std::vector<std::pair<int64_t, int>> blocks;
+  for (int64_t co0 = 0; co0 < Co;) {
+    const int ob = Co - co0 >= 16 ? 16 : Co - co0 >= 8 ? 8 : Co - co0 >= 4 ? 4 : Co - co0 >= 2 ? 2 : 1;
+    blocks.emplace_back(co0, ob);
+    co0 += ob;
+  }
+  auto z = torch::empty({N, Co, Ho, Wo, T}, x.options());
+  float* zp = z.data_ptr<float>();
+  const int64_t zstride = Ho * Wo * T, rows = N * Ho;
+  at::parallel_for(0, (int64_t)blocks.size() * rows, 1, [&](int64_t b, int64_t e) {
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t co0 = blocks[item / rows].first, nh = item % rows, n = nh / Ho, ho = nh % Ho;
+      const int ob = blocks[item / rows].second;
+      for (int64_t wo = 0; wo < Wo; ++wo)
+        for (int64_t t0 = 0; t0 < T; t0 += 16) {
+          const __mmask16 lm = first_lanes(T - t0);
+          const int32_t* xr = xqp + ((n * Hp + ho * SH) * Wp + wo * SW) * pos_words + t0;
+          float* zb = zp + ((n * Co * Ho + ho) * Wo + wo) * T + t0;
+          switch (ob) {
+            case 16: vnni_block<16>(c, xr, co0, zb, zstride, lm); break;
+            case 8: vnni_block<8>(c, xr, co0, zb, zstride, lm); break;
+            case 4: vnni_block<4>(c, xr, co0, zb, zstride, lm); break;
+            case 2: vnni_block<2>(c, xr, co0, zb, zstride, lm); break;
+            default: vnni_block<1>(c, xr, co0, zb, zstride, lm);
+          }
+        }
+    }
+  });
+  return z;
+}
+#else
+torch::Tensor vnni_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t) {
+  return torch::Tensor();  // no AVX-512 VNNI: the caller tries the next kernel
+}
+#endif
 #else
 torch::Tensor spike_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, double) {
   return torch::Tensor();  // no AVX-512: the caller uses F.conv3d
@@ -1265,6 +1437,7 @@ torch::Tensor tlane_input_grad_1x1(torch::Tensor, torch::Tensor) { return torch:
 torch::Tensor tlane_weight_grad(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {
   return torch::Tensor();
 }
+torch::Tensor vnni_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t) { return torch::Tensor(); }
 #endif
 
 // Pooling synapse (SLAYER Pool: conv3d over [N, 1, C*H, W, T] with kernel ==
@@ -1352,7 +1525,7 @@ torch::Tensor pool_bwd(torch::Tensor g, torch::Tensor w, int64_t H, int64_t W) {
 """
 
 _FUNCTIONS = ["li_fwd", "li_bwd", "cuba_fwd", "cuba_bwd", "shift1", "spike_conv_fwd", "spike_weight_grad",
-              "tlane_conv_fwd", "tlane_weight_grad", "tlane_input_grad_1x1", "pool_fwd", "pool_bwd",
+              "tlane_conv_fwd", "vnni_conv_fwd", "tlane_weight_grad", "tlane_input_grad_1x1", "pool_fwd", "pool_bwd",
               "surrogate_exp_tensor"]
 
 _ext = None
@@ -1533,6 +1706,10 @@ _SPARSE_MAX_DENSITY = 0.15
 # 2-5 % and ~30 % for the S-VGG9 shapes (benchmarks/train_throughput.py).
 _SPARSE_GRAD_MIN_CHANNELS = 32
 _SPARSE_GRAD_MAX_DENSITY = 0.2
+# "fast" gradients: the time-lane weight gradient also serves dense layers with few
+# outputs (classifier heads), where oneDNN's 16-wide blocking is mostly empty: digits
+# 512->10 0.11 vs 0.17 ms; S-VGG9's 4096->1024 stays with oneDNN (7 vs 10+ ms).
+_TLANE_WGRAD_MAX_DENSE_OUT = 16
 
 
 class _SpikeConv(torch.autograd.Function):
@@ -1552,9 +1729,11 @@ class _SpikeConv(torch.autograd.Function):
         w4 = w.detach().reshape(w.shape[:4]).contiguous()
         if w[0].numel() < _SPARSE_MIN_FANIN:  # small fan-in: dense work with time as the lane
             z = _ext.tlane_conv_fwd(x.detach(), w4, stride[0], stride[1], padding[0], padding[1])
-        else:
-            z = _ext.spike_conv_fwd(x.detach(), w4, stride[0], stride[1], padding[0], padding[1],
-                                    _SPARSE_MAX_DENSITY)
+        else:  # 8-bit integer products; else (weights beyond int8, no VNNI) spike-driven
+            z = _ext.vnni_conv_fwd(x.detach(), w4, stride[0], stride[1], padding[0], padding[1])
+            if z is None:
+                z = _ext.spike_conv_fwd(x.detach(), w4, stride[0], stride[1], padding[0], padding[1],
+                                        _SPARSE_MAX_DENSITY)
         if z is None:  # not provably exact: the stock call
             z = F.conv3d(x, w, None, stride, padding)
         ctx.save_for_backward(x, w)
@@ -1570,7 +1749,8 @@ class _SpikeConv(torch.autograd.Function):
         if _gradients == "fast":
             g = g.contiguous()
             kh, kw = w.shape[2], w.shape[3]
-            if need_w and w[0].numel() < _SPARSE_MIN_FANIN:  # small fan-in: time as the lane
+            dense_head = kh * kw == 1 and w.shape[0] < _TLANE_WGRAD_MAX_DENSE_OUT
+            if need_w and (w[0].numel() < _SPARSE_MIN_FANIN or dense_head):  # time as the lane
                 gw = _ext.tlane_weight_grad(x, g, kh, kw, stride[0], stride[1], padding[0], padding[1])
             elif need_w and x.shape[1] >= _SPARSE_GRAD_MIN_CHANNELS and kh * kw > 1:
                 # spike-driven weight gradient (None: input not 0/1, or too dense to pay off)
