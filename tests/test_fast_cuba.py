@@ -21,7 +21,7 @@ if not fast_cuba.is_available():  # pragma: no cover - no C++ toolchain
     pytest.skip(f"fast_cuba extension unavailable: {fast_cuba._ext_error}", allow_module_level=True)
 
 # the extension was built with the AVX-512 VNNI synapse kernel (it declines a 0/1 input otherwise)
-HAS_VNNI = fast_cuba._ext.vnni_conv_fwd(torch.ones(1, 4, 1, 1, 16), torch.ones(1, 4, 1, 1), 1, 1, 0, 0) is not None
+HAS_VNNI = fast_cuba._ext.vnni_conv_fwd(torch.ones(1, 4, 1, 1, 16), torch.ones(1, 4, 1, 1), 1, 1, 0, 0, 0.0) is not None
 
 NEURON = dict(threshold=1.25, current_decay=0.25, voltage_decay=0.03, tau_grad=0.1, scale_grad=1.0,
               requires_grad=False)
@@ -215,16 +215,19 @@ def test_8bit_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad):
     assert 64 <= w.abs().max() * 32 < 128  # SLAYER's grid is 2^-5: int8 weights, the full range used
     ref = torch.nn.functional.conv3d(x, w, None, (stride, stride, 1), (pad, pad, 0))
     w4 = w.reshape(w.shape[:4]).contiguous()
-    z = fast_cuba._ext.vnni_conv_fwd(x, w4, stride, stride, pad, pad)
+    z = fast_cuba._ext.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.0)
     if z is None:
         pytest.skip("the 8-bit synapse kernel needs AVX-512 VNNI")
     assert_identical(ref, z, "conv output")
     # declines (the caller tries the next kernel) when 8-bit products cannot give the exact sum
-    assert fast_cuba._ext.vnni_conv_fwd(x * 0.5 + (x == 0) * 0.25, w4, stride, stride, pad, pad) is None
-    assert fast_cuba._ext.vnni_conv_fwd(x, w4 * (1 + 1e-6), stride, stride, pad, pad) is None
+    assert fast_cuba._ext.vnni_conv_fwd(x * 0.5 + (x == 0) * 0.25, w4, stride, stride, pad, pad, 0.0) is None
+    assert fast_cuba._ext.vnni_conv_fwd(x, w4 * (1 + 1e-6), stride, stride, pad, pad, 0.0) is None
     beyond_int8 = w4.clone()
     beyond_int8.view(-1)[0] = 128 / 32  # 128 on the 2^-5 grid
-    assert fast_cuba._ext.vnni_conv_fwd(x, beyond_int8, stride, stride, pad, pad) is None
+    assert fast_cuba._ext.vnni_conv_fwd(x, beyond_int8, stride, stride, pad, pad, 0.0) is None
+    # and leaves inputs sparser than min_density (30 % active here) to the spike-driven kernel
+    assert fast_cuba._ext.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.4) is None
+    assert fast_cuba._ext.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.2) is not None
 
 
 def test_hooks_on_neurons_still_run():

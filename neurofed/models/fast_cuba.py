@@ -1305,7 +1305,8 @@ static inline void vnni_block(const VnniConv& c, const int32_t* xr, int64_t co0,
     _mm512_mask_storeu_ps(zb + (co0 + j) * zstride, lm, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[j]), c.scale));
 }
 
-torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_t SW, int64_t PH, int64_t PW) {
+torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_t SW, int64_t PH, int64_t PW,
+                            double min_density) {
   const int64_t N = x.size(0), Ci = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
   const int64_t Co = w.size(0), KH = w.size(2), KW = w.size(3), KK = KH * KW;
   VnniConv c;
@@ -1347,15 +1348,17 @@ torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_
   c.wq = wq.data();
   c.scale = _mm512_set1_ps(std::ldexp(1.f, -k));
 
-  // repack the input; also checks that every input is 0 or 1
+  // repack the input; also checks that every input is 0 or 1 and counts the ones
   std::vector<int32_t> xq(N * Hp * Wp * CQ * TP);
   int32_t* xqp = xq.data();
   const float* xp = x.data_ptr<float>();
   std::atomic<bool> binary{true};
+  std::atomic<int64_t> active{0};
   const int64_t pos_words = CQ * TP;
   at::parallel_for(0, N * Hp, 1, [&](int64_t b, int64_t e) {
     const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
     __mmask16 bad = 0;
+    int64_t ones = 0;
     for (int64_t nh = b; nh < e; ++nh) {
       const int64_t n = nh / Hp, hp = nh % Hp, h = hp - PH;
       int32_t* row = xqp + nh * Wp * pos_words;
@@ -1375,6 +1378,7 @@ torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_
               const __m512 v = _mm512_maskz_loadu_ps(lm, xp + (((n * Ci + cq * 4 + j) * H + h) * W + wi) * T + t0);
               const __mmask16 is1 = _mm512_cmp_ps_mask(v, one, _CMP_EQ_OQ);
               bad |= (__mmask16)(~(_mm512_cmp_ps_mask(v, zero, _CMP_EQ_OQ) | is1) & lm);
+              ones += __builtin_popcount((unsigned)is1);
               word = _mm512_mask_or_epi32(word, is1, word, _mm512_set1_epi32(1 << (8 * j)));
             }
             _mm512_storeu_si512(dst + cq * TP + t0, word);
@@ -1382,8 +1386,10 @@ torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_
       }
     }
     if (bad) binary = false;
+    active += ones;
   });
-  if (!binary.load()) return torch::Tensor();
+  // not exact (non-spike input), or sparse enough for the spike-driven kernel
+  if (!binary.load() || (double)active.load() < min_density * (double)x.numel()) return torch::Tensor();
   c.xq = xqp;
 
   // output channel blocks of 16, then 8, 4, 2, 1; work items (block, n, ho) with the
@@ -1419,7 +1425,7 @@ torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_
   return z;
 }
 #else
-torch::Tensor vnni_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t) {
+torch::Tensor vnni_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, double) {
   return torch::Tensor();  // no AVX-512 VNNI: the caller tries the next kernel
 }
 #endif
@@ -1437,7 +1443,9 @@ torch::Tensor tlane_input_grad_1x1(torch::Tensor, torch::Tensor) { return torch:
 torch::Tensor tlane_weight_grad(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {
   return torch::Tensor();
 }
-torch::Tensor vnni_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t) { return torch::Tensor(); }
+torch::Tensor vnni_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, double) {
+  return torch::Tensor();
+}
 #endif
 
 // Pooling synapse (SLAYER Pool: conv3d over [N, 1, C*H, W, T] with kernel ==
@@ -1696,10 +1704,13 @@ class _Shift1(torch.autograd.Function):
         return _ext.shift1(g.contiguous().view(-1, T), False).view(g.shape)
 
 
-# Spike-driven synapse forward is used for fan-in >= 64 and <= 15 % active inputs
-# (measured break-even against F.conv3d at ~20-30 % for the S-VGG9 layer shapes).
+# Synapse forward for fan-in >= 64: the 8-bit integer kernel (AVX-512 VNNI), or the
+# spike-driven one below Co * KH * KW / 28800 active inputs (measured break-even
+# against the 8-bit kernel, 3x3 kernels at batch 4: ~2 % at 64 output channels, ~5 %
+# at 128, ~8 % at 256), and without VNNI at up to 15 % (against F.conv3d: ~20-30 %).
 _SPARSE_MIN_FANIN = 64
 _SPARSE_MAX_DENSITY = 0.15
+_SPIKE_VS_VNNI = 28800  # break-even active fraction = Co * KH * KW / this
 # "fast" gradients: spike-driven weight gradient for convolutions (not 1x1: dense
 # layers are a plain GEMM for oneDNN) with >= 32 input channels and <= 20 % active
 # inputs; measured break-even against oneDNN's weight gradient at ~16 channels /
@@ -1729,8 +1740,10 @@ class _SpikeConv(torch.autograd.Function):
         w4 = w.detach().reshape(w.shape[:4]).contiguous()
         if w[0].numel() < _SPARSE_MIN_FANIN:  # small fan-in: dense work with time as the lane
             z = _ext.tlane_conv_fwd(x.detach(), w4, stride[0], stride[1], padding[0], padding[1])
-        else:  # 8-bit integer products; else (weights beyond int8, no VNNI) spike-driven
-            z = _ext.vnni_conv_fwd(x.detach(), w4, stride[0], stride[1], padding[0], padding[1])
+        else:  # 8-bit integer products, unless the input is sparse enough for the spike-driven
+            # kernel (or the weights are beyond int8, or there is no VNNI)
+            sparse = min(_SPARSE_MAX_DENSITY, w.shape[0] * w.shape[2] * w.shape[3] / _SPIKE_VS_VNNI)
+            z = _ext.vnni_conv_fwd(x.detach(), w4, stride[0], stride[1], padding[0], padding[1], sparse)
             if z is None:
                 z = _ext.spike_conv_fwd(x.detach(), w4, stride[0], stride[1], padding[0], padding[1],
                                         _SPARSE_MAX_DENSITY)
