@@ -373,11 +373,19 @@ def neuron_case(params, x, fast):
         ("no decay, tau_grad=1, scale_grad=2", dict(NEURON, current_decay=0.0, voltage_decay=0.0,
                                                     tau_grad=1.0, scale_grad=2.0), 1.0),
         ("full decay", dict(NEURON, current_decay=1.0, voltage_decay=1.0), 2.0),
+        # the kernel runs a tile group in int32 lanes only below a bound on its integers
+        ("beyond int32: int64 lanes", NEURON, 3e6),
+        ("int32 and int64 tile groups in one call", NEURON, "mixed"),
     ],
 )
 def test_neuron_dynamics_and_spikes(name, params, scale):
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(5, 7, 11, 13, generator=g) * scale
+    x = torch.randn(5, 7, 11, 13, generator=g)
+    if scale == "mixed":  # every other 32-neuron group far beyond int32 (neurons are rows of 13 steps)
+        rows = torch.arange(5 * 7 * 11).reshape(5, 7, 11, 1)
+        x = x * torch.where((rows // 32) % 2 == 1, 3e6, 2.0)
+    else:
+        x = x * scale
     stock = neuron_case(params, x, fast=False)
     fast = neuron_case(params, x, fast=True)
     for key in stock:

@@ -22,9 +22,10 @@ patched (lava.lib.dl.slayer ...)                replacement
 ``block.base.delay``                            single-copy one-step shift
 ``synapse.layer.Conv/Dense.forward``            when provably exact: a time-lane
                                                 forward for fan-in < 64 (the 16 SIMD
-                                                lanes run along T), else a
-                                                spike-driven one (work ~ number of
-                                                input spikes) for sparse inputs;
+                                                lanes run along T), else 8-bit
+                                                integer products (AVX-512 VNNI), or
+                                                a spike-driven kernel (work ~ number
+                                                of input spikes) for sparse inputs;
                                                 backward = the stock conv3d backward
 ``synapse.layer.Pool.forward``                  direct pooling kernels, fwd + bwd
 ==============================================  =====================================
@@ -42,7 +43,9 @@ parameters after several Adam steps):
 * the synapse forward kernels run only on 0/1 inputs and on weights for which every
   partial sum is exactly representable (checked at run time: integer multiples of
   2^-k with per-channel sum |w| * 2^k < 2^24, true for SLAYER's 8-bit quantized
-  weights), so any summation order gives the exact sum F.conv3d returns (a zero
+  weights; the VNNI kernel also needs every w * 2^k in [-128, 127], i.e. |w| < 4 on
+  SLAYER's 2^-5 grid, and sums those integers exactly in int32), so any summation
+  order gives the exact sum F.conv3d returns (a zero
   sum could differ in the sign of zero, which nothing downstream observes: the
   neuron reads ``(int64)(w_scale * z)``); otherwise F.conv3d itself runs. Weight and input gradients of Conv/Dense synapses come
   from the very ``aten.convolution_backward`` call autograd would make;
@@ -75,8 +78,9 @@ Fast gradients (opt-in: ``enable(gradients="fast")``, config ``federation.fast_g
 The forward is unchanged (spikes bit-identical to SLAYER, so Lava export fidelity is
 unaffected); some backward steps are computed another way:
 
-* the weight gradient of a synapse with fan-in Ci * KH * KW < 64 (a first layer)
-  comes from ``tlane_weight_grad``: multiply-adds with the 16 lanes along T and the
+* the weight gradient of a synapse with fan-in Ci * KH * KW < 64 (a first layer) or
+  of a dense layer with fewer than 16 outputs (a classifier head) comes from
+  ``tlane_weight_grad``: multiply-adds with the 16 lanes along T and the
   accumulators in registers, float32 over at most 64 vectors then float64, in a
   fixed order (deterministic, independent of the thread count, more accurate than
   oneDNN's: 4e-8 against 1.2e-7 of the sum of |terms| on the tested shapes);
@@ -364,9 +368,101 @@ static inline __m512 i64x16_to_f32(__m512i lo, __m512i hi) {
   return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtepi64_ps(lo)), _mm512_cvtepi64_ps(hi), 1);
 }
 
-// NT tiles (NT * 16 neurons) advance through time together: each tile's step is one
-// long dependency chain (int64 multiply, shifts, conversions, compare), so a single
+// sign(a) * ((|a| * d) >> 12) in int32 lanes, for |a| < 2^31 and 0 <= d <= 4096:
+// with |a| = h * 4096 + l, (|a| * d) >> 12 = h * d + ((l * d) >> 12), and neither
+// product leaves int32 (h * d < 2^19 * 2^12, l * d < 2^24). So it equals the int64
+// rshift_to_zero12(a * d) exactly.
+static inline __m512i mul_shift12_to_zero_i32(__m512i a, __m512i d) {
+  const __m512i m = _mm512_abs_epi32(a);
+  const __m512i r = _mm512_add_epi32(
+      _mm512_mullo_epi32(_mm512_srli_epi32(m, 12), d),
+      _mm512_srli_epi32(_mm512_mullo_epi32(_mm512_and_si512(m, _mm512_set1_epi32(4095)), d), 12));
+  return _mm512_mask_sub_epi32(r, _mm512_movepi32_mask(a), _mm512_setzero_si512(), r);
+}
+
+// The integer states of one tile: 16 int32 lanes when the tile group's values provably
+// stay below 2^30 (see cuba_fwd_rows_avx512), else 2 x 8 int64 lanes as in SLAYER.
+// Both give the same integers, so the same floats.
+template <bool I32>
+struct CubaState;
+template <>
+struct CubaState<true> {
+  __m512i i;
+  void init(__m512 scaled) { i = _mm512_cvttps_epi32(scaled); }
+  // a = rshift_to_zero12(a * d) + (int)x, returned as float
+  __m512 step(__m512i d, __m512 x) {
+    i = _mm512_add_epi32(mul_shift12_to_zero_i32(i, d), _mm512_cvttps_epi32(x));
+    return _mm512_cvtepi32_ps(i);
+  }
+  void reset_at(__m512 f, __m512 rth) { i = _mm512_mask_mov_epi32(i, _mm512_cmp_ps_mask(f, rth, _CMP_GE_OQ), _mm512_setzero_si512()); }
+};
+template <>
+struct CubaState<false> {
+  __m512i lo, hi;
+  void init(__m512 scaled) {
+    lo = _mm512_cvttps_epi64(_mm512_castps512_ps256(scaled));
+    hi = _mm512_cvttps_epi64(_mm512_extractf32x8_ps(scaled, 1));
+  }
+  __m512 step(__m512i d, __m512 x) {
+    lo = _mm512_add_epi64(shift12_to_zero(_mm512_mullo_epi64(lo, d)), _mm512_cvttps_epi64(_mm512_castps512_ps256(x)));
+    hi = _mm512_add_epi64(shift12_to_zero(_mm512_mullo_epi64(hi, d)), _mm512_cvttps_epi64(_mm512_extractf32x8_ps(x, 1)));
+    return i64x16_to_f32(lo, hi);
+  }
+  // the fire test per 8-lane half, so the masks stay in mask registers
+  void reset_at(__m512 f, __m512 rth) {
+    const __m256 r8 = _mm512_castps512_ps256(rth);
+    lo = _mm512_mask_mov_epi64(lo, _mm256_cmp_ps_mask(_mm512_castps512_ps256(f), r8, _CMP_GE_OQ), _mm512_setzero_si512());
+    hi = _mm512_mask_mov_epi64(hi, _mm256_cmp_ps_mask(_mm512_extractf32x8_ps(f, 1), r8, _CMP_GE_OQ), _mm512_setzero_si512());
+  }
+};
+
+// The time loop of NT tiles (NT * 16 neurons) advancing together: each tile's step is
+// one long dependency chain (multiplies, shifts, conversions, compare), so a single
 // tile leaves the core waiting on latencies; NT independent chains fill them.
+template <int NT, bool POW2, bool RESET, bool EARG, bool I32>
+static inline void cuba_fwd_steps(const CubaFwdArgs& A, float* const* tin, float* const* tea, float* const* tsp,
+                                  const __m512* c0, const __m512* v0, __m512* c, __m512* v) {
+  const __m512i cd = I32 ? _mm512_set1_epi32((int)A.cd) : _mm512_set1_epi64(A.cd);
+  const __m512i vd = I32 ? _mm512_set1_epi32((int)A.vd) : _mm512_set1_epi64(A.vd);
+  const __m512 ws = _mm512_set1_ps(A.ws), iws = _mm512_set1_ps(A.iws), sth = _mm512_set1_ps(A.sth),
+               tf = _mm512_set1_ps(A.tf), one = _mm512_set1_ps(1.f), rth = _mm512_set1_ps(A.rth);
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512 signbit = _mm512_castsi512_ps(_mm512_set1_epi32((int)0x80000000));
+  CubaState<I32> cs[NT], vs[NT];
+  for (int u = 0; u < NT; ++u) {
+    cs[u].init(_mm512_mul_ps(c0[u], ws));
+    vs[u].init(_mm512_mul_ps(v0[u], ws));
+  }
+  for (int64_t t = 0; t < A.T; ++t) {
+#pragma GCC unroll 4
+    for (int u = 0; u < NT; ++u) {
+      const __m512 cf = cs[u].step(cd, _mm512_mul_ps(ws, _mm512_loadu_ps(tin[u] + t * V)));
+      c[u] = POW2 ? _mm512_mul_ps(cf, iws) : _mm512_div_ps(cf, ws);
+      const __m512 vf = vs[u].step(vd, _mm512_mul_ps(ws, c[u]));
+      if (RESET) vs[u].reset_at(vf, rth);
+      v[u] = POW2 ? _mm512_mul_ps(vf, iws) : _mm512_div_ps(vf, ws);
+      _mm512_storeu_ps(tsp[u] + (t + A.sh) * V, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v[u], sth, _CMP_GE_OQ), one));
+      if (EARG) {
+        const __m512 a = _mm512_and_ps(_mm512_sub_ps(v[u], sth), absmask);
+        _mm512_storeu_ps(tea[u] + t * V, _mm512_div_ps(_mm512_xor_ps(a, signbit), tf));
+      }
+    }
+  }
+}
+
+// max |p[i]| over n (a multiple of 16) floats; infinity if one is NaN
+static inline float max_abs(const float* p, int64_t n) {
+  __m512 m = _mm512_setzero_ps();
+  __mmask16 nan = 0;
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(p + i);
+    nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    m = _mm512_max_ps(m, _mm512_and_ps(x, absmask));
+  }
+  return nan ? INFINITY : _mm512_reduce_max_ps(m);
+}
+
 template <bool POW2, bool RESET, bool EARG>
 static void cuba_fwd_rows_avx512(const CubaFwdArgs& A, int64_t b, int64_t e) {
   static_assert(V == 16, "tile width");
@@ -374,19 +470,13 @@ static void cuba_fwd_rows_avx512(const CubaFwdArgs& A, int64_t b, int64_t e) {
   const int64_t T = A.T;
   const int64_t tile_floats = (3 * T + 1) * V;
   std::vector<float> buf(NT * tile_floats);
-  const int64_t sh = A.sh;
-  const __m512i cd = _mm512_set1_epi64(A.cd), vd = _mm512_set1_epi64(A.vd);
-  const __m512 ws = _mm512_set1_ps(A.ws), iws = _mm512_set1_ps(A.iws), sth = _mm512_set1_ps(A.sth),
-               tf = _mm512_set1_ps(A.tf), one = _mm512_set1_ps(1.f);
-  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  const __m512 signbit = _mm512_castsi512_ps(_mm512_set1_epi32((int)0x80000000));
-  const __m256 rth8 = _mm256_set1_ps(A.rth);
-  const __m512i zero = _mm512_setzero_si512();
+  // int32 lanes need 0 <= decay factor <= 4096 (always true for SLAYER's quantized decays)
+  const bool i32_decays = A.cd >= 0 && A.cd <= 4096 && A.vd >= 0 && A.vd <= 4096;
   for (int64_t r0 = b; r0 < e; r0 += NT * V) {
     float *tin[NT], *tea[NT], *tsp[NT];
     int64_t nr[NT];
-    __m512i c_lo[NT], c_hi[NT], v_lo[NT], v_hi[NT];
-    __m512 c[NT], v[NT];
+    __m512 c0[NT], v0[NT], c[NT], v[NT];
+    double in_max = 0.0, state_max = 0.0;
     for (int u = 0; u < NT; ++u) {
       tin[u] = buf.data() + u * tile_floats;
       tea[u] = tin[u] + T * V;
@@ -399,43 +489,21 @@ static void cuba_fwd_rows_avx512(const CubaFwdArgs& A, int64_t b, int64_t e) {
         st[0][j] = j < nr[u] ? A.cs[ru + j] : 0.f;
         st[1][j] = j < nr[u] ? A.vs[ru + j] : 0.f;
       }
-      __m512 tmp = _mm512_mul_ps(_mm512_load_ps(st[0]), ws);
-      c_lo[u] = _mm512_cvttps_epi64(_mm512_castps512_ps256(tmp));
-      c_hi[u] = _mm512_cvttps_epi64(_mm512_extractf32x8_ps(tmp, 1));
-      tmp = _mm512_mul_ps(_mm512_load_ps(st[1]), ws);
-      v_lo[u] = _mm512_cvttps_epi64(_mm512_castps512_ps256(tmp));
-      v_hi[u] = _mm512_cvttps_epi64(_mm512_extractf32x8_ps(tmp, 1));
-      c[u] = _mm512_setzero_ps();
-      v[u] = _mm512_setzero_ps();
+      c0[u] = _mm512_load_ps(st[0]);
+      v0[u] = _mm512_load_ps(st[1]);
+      in_max = std::max(in_max, (double)max_abs(tin[u], T * V));
+      state_max = std::max({state_max, (double)max_abs(st[0], V), (double)max_abs(st[1], V)});
     }
-    for (int64_t t = 0; t < T; ++t) {
-#pragma GCC unroll 4
-      for (int u = 0; u < NT; ++u) {
-        const __m512 xs = _mm512_mul_ps(ws, _mm512_loadu_ps(tin[u] + t * V));
-        c_lo[u] = _mm512_add_epi64(shift12_to_zero(_mm512_mullo_epi64(c_lo[u], cd)),
-                                   _mm512_cvttps_epi64(_mm512_castps512_ps256(xs)));
-        c_hi[u] = _mm512_add_epi64(shift12_to_zero(_mm512_mullo_epi64(c_hi[u], cd)),
-                                   _mm512_cvttps_epi64(_mm512_extractf32x8_ps(xs, 1)));
-        const __m512 cf = i64x16_to_f32(c_lo[u], c_hi[u]);
-        c[u] = POW2 ? _mm512_mul_ps(cf, iws) : _mm512_div_ps(cf, ws);
-        const __m512 cs = _mm512_mul_ps(ws, c[u]);
-        const __m512i n_lo = _mm512_add_epi64(shift12_to_zero(_mm512_mullo_epi64(v_lo[u], vd)),
-                                              _mm512_cvttps_epi64(_mm512_castps512_ps256(cs)));
-        const __m512i n_hi = _mm512_add_epi64(shift12_to_zero(_mm512_mullo_epi64(v_hi[u], vd)),
-                                              _mm512_cvttps_epi64(_mm512_extractf32x8_ps(cs, 1)));
-        const __m256 f_lo = _mm512_cvtepi64_ps(n_lo), f_hi = _mm512_cvtepi64_ps(n_hi);
-        const __m512 vf = _mm512_insertf32x8(_mm512_castps256_ps512(f_lo), f_hi, 1);
-        // reset, with the fire test per 8-lane half (the masks stay in mask registers)
-        v_lo[u] = RESET ? _mm512_mask_mov_epi64(n_lo, _mm256_cmp_ps_mask(f_lo, rth8, _CMP_GE_OQ), zero) : n_lo;
-        v_hi[u] = RESET ? _mm512_mask_mov_epi64(n_hi, _mm256_cmp_ps_mask(f_hi, rth8, _CMP_GE_OQ), zero) : n_hi;
-        v[u] = POW2 ? _mm512_mul_ps(vf, iws) : _mm512_div_ps(vf, ws);
-        _mm512_storeu_ps(tsp[u] + (t + sh) * V, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v[u], sth, _CMP_GE_OQ), one));
-        if (EARG) {
-          const __m512 a = _mm512_and_ps(_mm512_sub_ps(v[u], sth), absmask);
-          _mm512_storeu_ps(tea[u] + t * V, _mm512_div_ps(_mm512_xor_ps(a, signbit), tf));
-        }
-      }
-    }
+    // Bound on every integer of the group: |current| <= |c0| + T * (max|ws x| + 1) =: C,
+    // |voltage| <= |v0| + T * (C + 1) (decays only shrink; float rounding of ws * c adds
+    // < 1e-6 relative, covered by the factor 1.01). Below 2^30 the int32 lanes are exact.
+    const double ws = std::fabs((double)A.ws);
+    const double C = (state_max + 1) * ws + T * (in_max * ws + 1);
+    const double bound = (state_max + 1) * ws + T * (C + 1) * 1.01;
+    if (i32_decays && bound < 1073741824.0)  // also false for NaN or inf
+      cuba_fwd_steps<NT, POW2, RESET, EARG, true>(A, tin, tea, tsp, c0, v0, c, v);
+    else
+      cuba_fwd_steps<NT, POW2, RESET, EARG, false>(A, tin, tea, tsp, c0, v0, c, v);
     for (int u = 0; u < NT; ++u) {
       if (nr[u] == 0) continue;
       const int64_t ru = r0 + u * V;
