@@ -147,6 +147,7 @@ _CPP = r"""
 #include <ATen/Parallel.h>
 #include <cstdint>
 #include <vector>
+#include <memory>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -1417,8 +1418,8 @@ torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_
   c.scale = _mm512_set1_ps(std::ldexp(1.f, -k));
 
   // repack the input; also checks that every input is 0 or 1 and counts the ones
-  std::vector<int32_t> xq(N * Hp * Wp * CQ * TP);
-  int32_t* xqp = xq.data();
+  std::unique_ptr<int32_t[]> xq(new int32_t[N * Hp * Wp * CQ * TP]);  // every word is written below
+  int32_t* xqp = xq.get();
   const float* xp = x.data_ptr<float>();
   std::atomic<bool> binary{true};
   std::atomic<int64_t> active{0};
