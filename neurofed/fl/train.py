@@ -19,11 +19,7 @@ def make_optimizer(parameters, fed_cfg: dict) -> torch.optim.Optimizer:
     lr = fed_cfg["lr"]
     wd = fed_cfg.get("weight_decay", 0.0)
     if name == "adam":
-        parameters = list(parameters)
-        # torch's fused CPU Adam: one kernel over all parameters instead of a dozen tensor
-        # ops per parameter (digits CNN: 40 vs 102 us per step, benchmarks/train_throughput.py)
-        fused = bool(parameters) and all(p.device.type == "cpu" and p.is_floating_point() for p in parameters)
-        return torch.optim.Adam(parameters, lr=lr, weight_decay=wd, fused=fused)
+        return torch.optim.Adam(parameters, lr=lr, weight_decay=wd)
     if name == "sgd":
         return torch.optim.SGD(parameters, lr=lr, momentum=fed_cfg.get("momentum", 0.0), weight_decay=wd)
     raise ValueError(f"federation.optimizer: got {name!r}; allowed: adam, sgd")
