@@ -207,7 +207,7 @@ def worker(conn, mode: str, name: str, batch: int, T: int, nbatches: int, thread
 BREAKDOWN = [
     ("convolution backward (stock aten.convolution_backward, oneDNN)", ("aten::convolution_backward",)),
     ("convolution forward via F.conv3d (oneDNN)", ("aten::mkldnn_convolution",)),
-    ("synapse forward: spike-driven / time-lane kernels (+ autograd glue)", ("_SpikeConv", "_SpikeConvBackward")),
+    ("synapse forward: 8-bit / spike-driven / time-lane kernels (+ autograd glue)", ("_SpikeConv", "_SpikeConvBackward")),
     ("fused CUBA neuron forward (+ delay)", ("_FusedCuba",)),
     ("fused CUBA neuron backward", ("_FusedCubaBackward",)),
     ("surrogate-gradient exp (torch.exp, as stock)", ("aten::exp",)),
@@ -303,9 +303,9 @@ def main(argv=None):
                         "(shared machine: the paths take turns; samples/s from each path's best step)"))
     emit("# baseline: stock lava-dl 0.6.0 SLAYER CPU path (Python time-step loop, int64 fixed point)")
     emit("# fast:     neurofed.models.fast_cuba.enable(): fused C++ CUBA neuron kernels (+ one-step delay),")
-    emit("#           spike-driven and time-lane synapse forward, pooling kernels; bit-identical spikes and")
-    emit("#           gradients")
-    emit("# fast-grad: fast_cuba.enable(gradients='fast'): the same, plus spike-driven / time-lane conv weight")
+    emit("#           8-bit integer (AVX-512 VNNI), spike-driven and time-lane synapse forward, pooling kernels;")
+    emit("#           bit-identical spikes and gradients")
+    emit("# fast-grad: fast_cuba.enable(gradients='fast'): the same, plus spike-driven / time-lane weight")
     emit("#           gradients, time-lane 1x1 input gradients and the surrogate exp inside the neuron backward;")
     emit("#           identical spikes, gradients within float32 rounding of stock (checked below on the first batch)")
     emit("")
