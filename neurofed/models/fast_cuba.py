@@ -38,6 +38,10 @@ parameters after several Adam steps):
   in the same order as SLAYER's code (notes next to each kernel say why); the only
   transcendental function, ``exp`` in the surrogate gradient, is still evaluated by
   ``torch.exp`` on a same-shaped tensor of identical values;
+* the neuron forward runs 16 neurons per vector in int32 lanes when a bound on the
+  tile group's inputs and states (checked per group) keeps every integer below
+  2^30, else 8 per vector in int64 lanes as SLAYER: the same integers either way
+  (0.56 -> 0.43 ms for 32768 neurons x 16 steps);
 * the C++ is compiled with ``-ffp-contract=off`` (no fused multiply-add) and
   without ``-ffast-math``; vector lanes run across independent neurons;
 * the synapse forward kernels run only on 0/1 inputs and on weights for which every
@@ -54,13 +58,13 @@ parameters after several Adam steps):
 
 Where the time of a digits CNN step still goes (1 thread; ``benchmarks/
 train_throughput.py`` prints the breakdown, ``benchmarks/results/
-train_throughput.txt`` records it): about 40 % in the oneDNN convolutions — the
-forward where the input is too dense for the spike-driven kernel, and every
-backward: weight and input gradients are sums of arbitrary floats whose bits depend
-on oneDNN's summation order, so the stock call stays — over a quarter in the fused
-neuron kernels (int64 fixed-point recurrences; throughput-bound, with the tile
-transposes), a tenth in torch.exp for the surrogate gradient (MKL's ``vmsExp``),
-the rest in pooling, Adam, the loss and Python. Tried and dropped, each measured slower or
+train_throughput.txt`` records it): over a quarter in oneDNN's convolution
+backward (weight and input gradients are sums of arbitrary floats whose bits depend
+on oneDNN's summation order, so the stock call stays), about 30 % in the fused
+neuron kernels (fixed-point recurrences; throughput-bound, with the tile
+transposes), a tenth each in torch.exp for the surrogate gradient (MKL's
+``vmsExp``) and in the synapse forward kernels, the rest in pooling, Adam, the
+loss and Python. Tried and dropped, each measured slower or
 no faster with the same bits: a lookup table for the surrogate derivative (it is a
 function of the integer voltage, but voltages range too widely below threshold for
 a cache-resident table, and the gather costs what exp does); ``vmsExp`` called
@@ -71,7 +75,9 @@ inputs above ~15 % activity and for small fan-ins (oneDNN, and below fan-in 64 t
 time-lane kernel, are faster there); float64 lanes instead of int64 for the neuron
 states (exact below 2^53, and it passed the exactness tests, but no faster: the
 forward kernel is bound by its conversions and tile transposes, not by the 64-bit
-multiply).
+multiply; int32 lanes, twice as many per vector, are faster: see the next note);
+torch's fused CPU Adam (40 vs 102 us per optimizer step, no measurable change in a
+training step, and it would shift every recorded accuracy).
 
 Fast gradients (opt-in: ``enable(gradients="fast")``, config ``federation.fast_gradients``)
 -------------------------------------------------------------------------------------------
@@ -106,9 +112,9 @@ on the thread count), so bit-identity with SLAYER only ever holds at a fixed thr
 count.
 Training from the same start then follows a slightly different trajectory, as it
 would with another thread count. Measured gain (``benchmarks/train_throughput.py``,
-1 thread, best steps over stock): S-VGG9 2.5x -> 3.3x; the digits CNN 5.6-5.9x ->
-6.3-6.9x (its second convolution is too small and too dense for the spike-driven
-weight gradient; the time-lane kernels carry its first and last layers).
+1 thread, best steps over stock, four runs): S-VGG9 2.5-2.8x -> 3.3-3.6x; the digits
+CNN 5.7-6.3x -> 6.7-7.5x (its second convolution is too small and too dense for the
+spike-driven weight gradient; the time-lane kernels carry its first and last layers).
 
 Use::
 
