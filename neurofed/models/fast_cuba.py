@@ -75,7 +75,7 @@ inputs above ~15 % activity and for small fan-ins (oneDNN, and below fan-in 64 t
 time-lane kernel, are faster there); float64 lanes instead of int64 for the neuron
 states (exact below 2^53, and it passed the exactness tests, but no faster: the
 forward kernel is bound by its conversions and tile transposes, not by the 64-bit
-multiply; int32 lanes, twice as many per vector, are faster: see the next note);
+multiply; int32 lanes, twice as many per vector, are faster: see Exactness above);
 torch's fused CPU Adam (40 vs 102 us per optimizer step, no measurable change in a
 training step, and it would shift every recorded accuracy).
 
