@@ -1400,6 +1400,9 @@ torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_
   std::atomic<bool> int8{true};
   at::parallel_for(0, Co, 16, [&](int64_t b, int64_t e) {
     const __m512 lo = _mm512_set1_ps(-128.f), hi = _mm512_set1_ps(127.f), scale = _mm512_set1_ps(to_int);
+    // offsets of 16 consecutive input channels' weights for one tap: w[co][ci][kk]
+    const __m512i channel_offsets = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((int)KK));
     __mmask16 out_of_range = 0;
     for (int64_t co = b; co < e; ++co) {
       const float* wr = wp + co * Ci * KK;
@@ -1407,11 +1410,10 @@ torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_
         int8_t* dst = wb + (co * KK + kk) * CQ * 4;
         for (int64_t ci = 0; ci < Ci; ci += 16) {
           const __mmask16 lm = first_lanes(Ci - ci);
-          const __m512 q = KK == 1 ? _mm512_mul_ps(_mm512_maskz_loadu_ps(lm, wr + ci), scale)
-                                   : _mm512_mul_ps(_mm512_mask_i32gather_ps(_mm512_setzero_ps(), lm,
-                                         _mm512_mullo_epi32(_mm512_add_epi32(_mm512_set1_epi32((int)ci),
-                                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)),
-                                         _mm512_set1_epi32((int)KK)), wr + kk, 4), scale);
+          const float* src = wr + ci * KK + kk;
+          const __m512 w16 = KK == 1 ? _mm512_maskz_loadu_ps(lm, src)
+                                     : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lm, channel_offsets, src, 4);
+          const __m512 q = _mm512_mul_ps(w16, scale);
           out_of_range |= _mm512_mask_cmp_ps_mask(lm, q, lo, _CMP_LT_OQ) | _mm512_mask_cmp_ps_mask(lm, q, hi, _CMP_GT_OQ);
           _mm_mask_storeu_epi8(dst + ci, lm, _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(q)));
         }
