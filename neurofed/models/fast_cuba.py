@@ -1337,6 +1337,22 @@ torch::Tensor tlane_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, in
   });
   return gw;
 }
+#else
+torch::Tensor spike_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, double) {
+  return torch::Tensor();  // no AVX-512: the caller uses F.conv3d
+}
+torch::Tensor spike_weight_grad(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                double) {
+  return torch::Tensor();  // no AVX-512: the caller uses oneDNN
+}
+// no AVX-512: the callers use F.conv3d / oneDNN
+torch::Tensor tlane_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t) { return torch::Tensor(); }
+torch::Tensor tlane_input_grad_1x1(torch::Tensor, torch::Tensor) { return torch::Tensor(); }
+torch::Tensor tlane_weight_grad(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {
+  return torch::Tensor();
+}
+#endif
+
 // ---- Convolutions in 8-bit integers (AVX-512 VNNI) ----
 //
 // Synapse forward for 0/1 inputs and weights w = q * 2^-k with integer q in [-128, 127]
@@ -1348,7 +1364,7 @@ torch::Tensor tlane_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, in
 // along T; the input is repacked as [N][Hp][Wp][Ci/4][T16] int32 words (zero padded in
 // H, W, channels and T), so each tap of 16 time steps x 4 channels is one 64-byte load,
 // multiplied with 4 weights broadcast per output channel.
-#if defined(__AVX512VNNI__)
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
 struct VnniConv {
   int64_t CQ, Hp, Wp, TP, KH, KW;
   const int32_t* xq;  // [N][Hp][Wp][CQ][TP]: 4 input channels per word, one byte each
@@ -1504,24 +1520,6 @@ torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_
 #else
 torch::Tensor vnni_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, double) {
   return torch::Tensor();  // no AVX-512 VNNI: the caller tries the next kernel
-}
-#endif
-#else
-torch::Tensor spike_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, double) {
-  return torch::Tensor();  // no AVX-512: the caller uses F.conv3d
-}
-torch::Tensor spike_weight_grad(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                double) {
-  return torch::Tensor();  // no AVX-512: the caller uses oneDNN
-}
-// no AVX-512: the callers use F.conv3d / oneDNN
-torch::Tensor tlane_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t) { return torch::Tensor(); }
-torch::Tensor tlane_input_grad_1x1(torch::Tensor, torch::Tensor) { return torch::Tensor(); }
-torch::Tensor tlane_weight_grad(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {
-  return torch::Tensor();
-}
-torch::Tensor vnni_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, double) {
-  return torch::Tensor();
 }
 #endif
 
