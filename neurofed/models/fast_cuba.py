@@ -232,7 +232,7 @@ torch::Tensor li_bwd(torch::Tensor go, double decay) {
 // Fused CUBA neuron forward: cuba.Neuron.dynamics (current LI without reset,
 // voltage LI with reset) followed by Spike.forward (non-graded).
 // Returns {spike, earg, cur_last, volt_last}; earg = (-|v - th|) / tau (the
-// argument of exp in Spike's surrogate gradient) only if need_grad, the last
+// argument of exp in Spike's surrogate gradient, in tile layout) only if need_grad, the last
 // current / pre-reset voltage only if need_last.
 //
 // Rows (neurons) are processed V at a time: a V-row tile is transposed into a
@@ -314,15 +314,15 @@ struct CubaFwdArgs {
 template <bool POW2, bool RESET, bool EARG>
 static void cuba_fwd_rows(const CubaFwdArgs& A, int64_t b, int64_t e) {
   const int64_t T = A.T;
-  std::vector<float> buf((3 * T + 1) * V);
+  std::vector<float> buf((2 * T + 1) * V);
   float* tin = buf.data();
-  float* tea = tin + T * V;
-  float* tsp = tea + T * V;  // T + 1 rows; row 0 stays 0 when shifting
+  float* tsp = tin + T * V;  // T + 1 rows; row 0 stays 0 when shifting
   const int64_t cd = A.cd, vd = A.vd, sh = A.sh;
   const float ws = A.ws, iws = A.iws, rth = A.rth, sth = A.sth, tf = A.tf;
   for (int64_t r0 = b; r0 < e; r0 += V) {
     const int64_t nr = std::min<int64_t>(V, e - r0);
     load_tile(A.x + r0 * T, T, nr, tin);
+    float* tea = A.ea + r0 * T;  // earg is kept in tile layout (see cuba_fwd)
     int64_t c_old[V], v_old[V];
     float cf[V], vf[V];
     for (int j = 0; j < V; ++j) {
@@ -354,7 +354,6 @@ static void cuba_fwd_rows(const CubaFwdArgs& A, int64_t b, int64_t e) {
       }
     }
     store_tile(tsp, T, nr, A.sp + r0 * T);
-    if (EARG) store_tile(tea, T, nr, A.ea + r0 * T);
     if (A.cl)
       for (int64_t j = 0; j < nr; ++j) { A.cl[r0 + j] = cf[j]; A.vl[r0 + j] = vf[j]; }
   }
@@ -486,9 +485,10 @@ static void cuba_fwd_rows_avx512(const CubaFwdArgs& A, int64_t b, int64_t e) {
     double in_max = 0.0, state_max = 0.0;
     for (int u = 0; u < NT; ++u) {
       tin[u] = buf.data() + u * tile_floats;
-      tea[u] = tin[u] + T * V;
-      tsp[u] = tea[u] + T * V;  // T + 1 rows; row 0 stays 0 when shifting
+      tsp[u] = tin[u] + T * V;  // T + 1 rows; row 0 stays 0 when shifting
       const int64_t ru = r0 + u * V;
+      // earg in tile layout (see cuba_fwd); a tile past the end writes to scratch
+      tea[u] = EARG && ru < e ? A.ea + ru * T : tsp[u] + (T + 1) * V;
       nr[u] = std::max<int64_t>(0, std::min<int64_t>(V, e - ru));
       load_tile(A.x + ru * T, T, nr[u], tin[u]);
       alignas(64) float st[2][V];
@@ -515,7 +515,6 @@ static void cuba_fwd_rows_avx512(const CubaFwdArgs& A, int64_t b, int64_t e) {
       if (nr[u] == 0) continue;
       const int64_t ru = r0 + u * V;
       store_tile(tsp[u], T, nr[u], A.sp + ru * T);
-      if (EARG) store_tile(tea[u], T, nr[u], A.ea + ru * T);
       if (A.cl) {
         alignas(64) float st[2][V];
         _mm512_store_ps(st[0], c[u]);
@@ -551,7 +550,9 @@ std::vector<torch::Tensor> cuba_fwd(torch::Tensor z, torch::Tensor cstate,
   const int64_t T = z.size(1), R = z.size(0);
   auto spike = torch::empty_like(z);
   torch::Tensor earg, clast, vlast;
-  if (need_grad) earg = torch::empty_like(z);
+  // earg in tile layout [tile][T][16 rows]: written and read (by cuba_bwd) without a
+  // transpose; only torch.exp (elementwise) and cuba_bwd ever see it
+  if (need_grad) earg = torch::empty({(R + V - 1) / V, T, V}, z.options());
   if (need_last) {
     clast = torch::empty({R}, z.options());
     vlast = torch::empty({R}, z.options());
@@ -650,6 +651,35 @@ static void surrogate_exp_inplace(float* x, int64_t n) {
 //   gv[n]    = dv * gv[n+1] + gv_in[n]
 //   gc[n]    = dc * gc[n+1] + gv[n]
 //   with shift, gs[n] = g[n + 1] (g[T] = 0): the adjoint of the one-step delay.
+// ex is in cuba_fwd's tile layout, so it is read without a transpose.
+#if defined(__AVX512F__)
+static void cuba_bwd_rows(const float* e, const float* g, float* o, int64_t T,
+                          float a, float fv, float fc, int64_t sh, bool inline_exp, int64_t b, int64_t en) {
+  std::vector<float> buf((2 * T + 1) * V, 0.f);
+  float* to = buf.data();
+  float* tg = to + T * V;  // T + 1 rows, row T stays 0
+  const __m512 va = _mm512_set1_ps(a), vfv = _mm512_set1_ps(fv), vfc = _mm512_set1_ps(fc);
+  for (int64_t r0 = b; r0 < en; r0 += V) {
+    const int64_t nr = std::min<int64_t>(V, en - r0);
+    const float* te = e + r0 * T;
+    load_tile(g + r0 * T, T, nr, tg);
+    // the surrogate terms in ascending t (the hardware prefetcher follows ascending
+    // reads; read backward, ex missed the cache), then the adjoint recurrences
+    for (int64_t t = 0; t < T; ++t) {
+      __m512 ex = _mm512_loadu_ps(te + t * V);
+      if (inline_exp) ex = surrogate_exp16(ex);
+      _mm512_storeu_ps(to + t * V, _mm512_mul_ps(_mm512_mul_ps(va, ex), _mm512_loadu_ps(tg + (t + sh) * V)));
+    }
+    __m512 gv = _mm512_loadu_ps(to + (T - 1) * V), gc = gv;  // the last step starts them (no 0 + x: keeps -0)
+    for (int64_t t = T - 2; t >= 0; --t) {
+      gv = _mm512_add_ps(_mm512_mul_ps(vfv, gv), _mm512_loadu_ps(to + t * V));
+      gc = _mm512_add_ps(_mm512_mul_ps(vfc, gc), gv);
+      _mm512_storeu_ps(to + t * V, gc);
+    }
+    store_tile(to, T, nr, o + r0 * T);
+  }
+}
+#else
 static void cuba_bwd_rows(const float* e, const float* g, float* o, int64_t T,
                           float a, float fv, float fc, int64_t sh, bool inline_exp, int64_t b, int64_t en) {
   std::vector<float> buf((3 * T + 1) * V, 0.f);
@@ -658,7 +688,7 @@ static void cuba_bwd_rows(const float* e, const float* g, float* o, int64_t T,
   float* tg = to + T * V;  // T + 1 rows, row T stays 0
   for (int64_t r0 = b; r0 < en; r0 += V) {
     const int64_t nr = std::min<int64_t>(V, en - r0);
-    load_tile(e + r0 * T, T, nr, te);
+    std::memcpy(te, e + r0 * T, T * V * sizeof(float));  // tile layout already
     if (inline_exp) surrogate_exp_inplace(te, T * V);
     load_tile(g + r0 * T, T, nr, tg);
     float gv[V], gc[V];
@@ -682,11 +712,12 @@ static void cuba_bwd_rows(const float* e, const float* g, float* o, int64_t T,
     store_tile(to, T, nr, o + r0 * T);
   }
 }
+#endif
 
 torch::Tensor cuba_bwd(torch::Tensor ex, torch::Tensor gs, double A, double dv,
                        double dc, bool shift, bool inline_exp) {
-  const int64_t T = ex.size(1), R = ex.size(0);
-  auto gz = torch::empty_like(ex);
+  const int64_t T = gs.size(1), R = gs.size(0);
+  auto gz = torch::empty_like(gs);
   const float* e = ex.data_ptr<float>();
   const float* g = gs.data_ptr<float>();
   float* o = gz.data_ptr<float>();
