@@ -51,21 +51,21 @@ def test_surrogate_exp_within_one_ulp_of_torch_exp():
     assert torch.equal(fast_cuba._ext.surrogate_exp_tensor(tiny), torch.zeros_like(tiny))
 
 
-WGRAD_CASES = [  # N, Ci, Co, H, W, T, kernel, stride, padding, spike probability
-    (2, 3, 5, 6, 7, 5, 3, 1, 1, 0.3),
-    (2, 17, 33, 5, 5, 4, 3, 2, 1, 0.2),
-    (3, 16, 32, 4, 4, 16, 3, 1, 1, 0.3),
-    (2, 40, 150, 6, 5, 8, 3, 1, 0, 0.1),  # two output-channel blocks, no padding
-    (2, 33, 20, 7, 7, 6, 5, 2, 2, 0.05),
-    (2, 64, 64, 16, 16, 16, 3, 1, 1, 0.1),
+WGRAD_CASES = [  # N, Ci, Co, H, W, T, kernel, padding, spike probability (stride 1)
+    (2, 3, 5, 6, 7, 5, 3, 1, 0.3),  # 5 output channels in a block of 16, T below 16
+    (3, 16, 32, 4, 4, 16, 3, 1, 0.3),  # the digits CNN's second convolution
+    (2, 40, 150, 6, 5, 8, 3, 0, 0.1),  # ten output-channel blocks, no padding
+    (5, 33, 20, 7, 7, 19, 5, 2, 0.05),  # 5x5; T over 16; a chunk of one sample
+    (2, 64, 64, 16, 16, 16, 3, 1, 0.1),
 ]
 
 
-@pytest.mark.parametrize("N, Ci, Co, H, W, T, k, stride, pad, p", WGRAD_CASES)
-def test_spike_weight_grad_is_a_correctly_ordered_float32_sum(N, Ci, Co, H, W, T, k, stride, pad, p):
+@pytest.mark.parametrize("N, Ci, Co, H, W, T, k, pad, p", WGRAD_CASES)
+def test_spike_weight_grad_is_a_correctly_ordered_float32_sum(N, Ci, Co, H, W, T, k, pad, p):
     x = spikes(N, Ci, H, W, T, p=p, seed=N * Ci)
     w = torch.randn(Co, Ci, k, k, 1)
-    Ho, Wo = (H + 2 * pad - k) // stride + 1, (W + 2 * pad - k) // stride + 1
+    stride = 1
+    Ho, Wo = H + 2 * pad - k + 1, W + 2 * pad - k + 1
     g = torch.randn(N, Co, Ho, Wo, T, generator=torch.Generator().manual_seed(Co))
     ours = fast_cuba._ext.spike_weight_grad(x, g, k, k, stride, stride, pad, pad, 1.0).view(w.shape)
     exact = conv_weight_grad(x, g, w, stride, pad, torch.float64)
@@ -96,12 +96,15 @@ def test_weight_grad_kernels_do_not_depend_on_the_thread_count(kernel, Ci, Co, p
     assert torch.equal(bits(one), bits(two))
 
 
-def test_spike_weight_grad_declines_graded_and_dense_inputs():
+def test_spike_weight_grad_declines_graded_and_dense_inputs_and_other_shapes():
     g = torch.randn(2, 8, 5, 5, 4)
     graded = spikes(2, 32, 5, 5, 4) * 0.5
     assert fast_cuba._ext.spike_weight_grad(graded, g, 3, 3, 1, 1, 1, 1, 1.0) is None
     dense = spikes(2, 32, 5, 5, 4, p=0.5)
     assert fast_cuba._ext.spike_weight_grad(dense, g, 3, 3, 1, 1, 1, 1, 0.2) is None
+    sparse = spikes(2, 32, 5, 5, 4, p=0.1)  # stride 2 and 4x4 kernels are left to oneDNN
+    assert fast_cuba._ext.spike_weight_grad(sparse, g[:, :, :3, :3], 3, 3, 2, 2, 1, 1, 1.0) is None
+    assert fast_cuba._ext.spike_weight_grad(sparse, g[:, :, :4, :4], 4, 4, 1, 1, 1, 1, 1.0) is None
     silent = torch.zeros(2, 32, 5, 5, 4)
     assert torch.equal(fast_cuba._ext.spike_weight_grad(silent, g, 3, 3, 1, 1, 1, 1, 0.2),
                        torch.zeros(8, 32, 3, 3))
@@ -139,21 +142,34 @@ def test_time_lane_weight_grad_is_a_correctly_ordered_float32_sum(N, Ci, Co, H, 
     assert (ours - stock).abs().max() <= STOCK_TOLERANCE * stock.abs().max()
 
 
-@pytest.mark.parametrize("N, Ci, Co, H, W, T", [(32, 512, 10, 1, 1, 16), (3, 40, 70, 3, 2, 21)])
-def test_time_lane_input_grad_of_a_1x1_synapse(N, Ci, Co, H, W, T):
-    g = torch.randn(N, Co, H, W, T, generator=torch.Generator().manual_seed(1))
-    w = torch.randn(Co, Ci, 1, 1, 1, generator=torch.Generator().manual_seed(2))
-    ours = fast_cuba._ext.tlane_input_grad_1x1(g, w.reshape(Co, Ci).contiguous())
+@pytest.mark.parametrize("N, Ci, Co, H, W, T, k, pad", [
+    (32, 512, 10, 1, 1, 16, 1, 0),  # the digits CNN's dense head (tlane_input_grad_1x1)
+    (3, 40, 70, 3, 2, 21, 1, 0),
+    (32, 16, 32, 4, 4, 16, 3, 1),  # the digits CNN's second convolution (tlane_input_grad)
+    (2, 21, 9, 5, 6, 19, 3, 1),  # input channels beyond one block of 16, T over 16
+    (2, 5, 7, 6, 6, 8, 5, 1),  # 5x5, padding below (k - 1) / 2
+    (2, 4, 3, 4, 5, 16, 3, 0),  # no padding
+])
+def test_time_lane_input_grad(N, Ci, Co, H, W, T, k, pad):
+    Ho, Wo = H + 2 * pad - k + 1, W + 2 * pad - k + 1
+    g = torch.randn(N, Co, Ho, Wo, T, generator=torch.Generator().manual_seed(1))
+    w = torch.randn(Co, Ci, k, k, 1, generator=torch.Generator().manual_seed(2))
+    if k == 1:
+        ours = fast_cuba._ext.tlane_input_grad_1x1(g, w.reshape(Co, Ci).contiguous())
+    else:
+        ours = fast_cuba._ext.tlane_input_grad(g, w.reshape(Co, Ci, k, k).contiguous(), pad, pad)
     if ours is None:
         pytest.skip("time-lane kernels need AVX-512")
-    def input_grad(dtype):
+
+    def input_grad(dtype, gg=g, ww=w):
         return torch.ops.aten.convolution_backward(
-            g.to(dtype), torch.zeros(N, Ci, H, W, T, dtype=dtype), w.to(dtype), None, (1, 1, 1), (0, 0, 0),
+            gg.to(dtype), torch.zeros(N, Ci, H, W, T, dtype=dtype), ww.to(dtype), None, (1, 1, 1), (pad, pad, 0),
             (1, 1, 1), False, (0, 0, 0), 1, (True, False, False))[0]
     exact = input_grad(torch.float64)
-    magnitude = torch.einsum("oi,nohwt->nihwt", w.reshape(Co, Ci).double().abs(), g.double().abs())
-    # a float32 sum of Co products in order: within Co units of rounding of sum |terms|
-    assert ((ours.double() - exact).abs() <= Co * 6e-8 * magnitude + 1e-30).all()
+    magnitude = input_grad(torch.float64, g.abs(), w.abs())  # sum of |terms|
+    # a float32 sum of the Co * k * k products in order: within that many units of
+    # rounding of sum |terms|
+    assert ((ours.double() - exact).abs() <= Co * k * k * 6e-8 * magnitude + 1e-30).all()
     stock = input_grad(torch.float32)
     assert (ours - stock).abs().max() <= STOCK_TOLERANCE * stock.abs().max()
 
@@ -195,10 +211,12 @@ def test_network_step_same_spikes_and_gradients_within_tolerance(monkeypatch):
     fast_calls = counter.calls[calls_before:]
     # the fast mode really ran its kernels: spike weight gradients for the 32- and
     # 48-channel convolutions, the time-lane weight gradient for the 2-channel one and the
-    # 10-output dense layer, and the dense layer's input gradient (the neuron backward's
-    # inline exp is tested above)
+    # 10-output dense layer, the dense layer's input gradient and the three
+    # convolutions' (8x8 and 4x4 images) input gradients (the neuron backward's inline
+    # exp is tested above)
     assert fast_calls.count("spike_weight_grad") == 2
     assert fast_calls.count("tlane_weight_grad") == 2 and fast_calls.count("tlane_input_grad_1x1") == 1
+    assert fast_calls.count("tlane_input_grad") == 3
     assert fast_cuba.gradients() == "exact"  # enabled() restored the mode
     assert stock_out.sum() > 0
     assert torch.equal(bits(stock_out), bits(fast_out)) and torch.equal(bits(stock_out), bits(exact_out))

@@ -1022,128 +1022,6 @@ torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64
   return z;
 }
 
-// ---- "fast" gradients (enable(gradients="fast")): not bit-identical to SLAYER ----
-//
-// Weight gradient of a Conv/Dense synapse for 0/1 inputs:
-//   gw[co, ci, kh, kw] = sum of g[n, co, ho, wo, t] over the output positions whose
-//                        input x[n, ci, ho*SH - PH + kh, wo*SW - PW + kw, t] is 1,
-// so the work is proportional to the number of input spikes (oneDNN's dense
-// backward does the multiply-adds for the zeros too). The sum runs over positions in
-// (n, ho, wo, t) order, in float32 within a sample (WG_COPIES partial sums by time
-// step) and float64 across samples:
-// deterministic and independent of the thread count, and as accurate as oneDNN's
-// float32 reduction; it differs from it by rounding (order) only. Returns an
-// undefined tensor if an input is not 0/1 or more than max_density of the inputs
-// are 1 (the caller then uses oneDNN).
-// Accumulator copies, one per time step modulo WG_COPIES: consecutive time steps
-// add into different rows, so the read-modify-writes do not wait on each other.
-constexpr int WG_COPIES = 4;
-
-template <int NV>
-static void wgrad_block(const uint16_t* mask, const float* gT, double* dacc, float* acc,
-                        int64_t N, int64_t H, int64_t W, int64_t T, int64_t CiW, int64_t cw,
-                        int64_t Ho, int64_t Wo, int64_t CoP, int64_t ob0, int64_t KH, int64_t KW,
-                        int64_t SH, int64_t SW, int64_t PH, int64_t PW) {
-  const int64_t KK = KH * KW, row = 16 * NV, item = KK * 16 * row;
-  std::vector<const uint16_t*> mb(KK);
-  std::vector<int64_t> kb(KK);
-  std::fill(dacc, dacc + item, 0.0);
-  for (int64_t n = 0; n < N; ++n) {
-    std::fill(acc, acc + WG_COPIES * item, 0.f);
-    for (int64_t ho = 0; ho < Ho; ++ho)
-      for (int64_t wo = 0; wo < Wo; ++wo) {
-        int64_t nk = 0;  // kernel offsets with an input inside the image
-        for_window(ho, wo, KH, KW, SH, SW, PH, PW, H, W, [&](int64_t kh, int64_t kw, int64_t hi, int64_t wi) {
-          mb[nk] = mask + ((n * H + hi) * W + wi) * T * CiW + cw;
-          kb[nk] = (kh * KW + kw) * 16 * row;
-          ++nk;
-        });
-        const float* grow = gT + ((n * Ho + ho) * Wo + wo) * T * CoP + ob0;
-        for (int64_t t = 0; t < T; ++t) {
-          bool any = false;
-          for (int64_t k = 0; k < nk; ++k) any |= mb[k][t * CiW] != 0;
-          if (!any) continue;
-          __m512 g[NV];
-          for (int v = 0; v < NV; ++v) g[v] = _mm512_loadu_ps(grow + t * CoP + 16 * v);
-          float* acct = acc + (t % WG_COPIES) * item;
-          for (int64_t k = 0; k < nk; ++k) {
-            uint32_t bits = mb[k][t * CiW];
-            while (bits) {
-              float* a = acct + kb[k] + __builtin_ctz(bits) * row;
-              for (int v = 0; v < NV; ++v)
-                _mm512_storeu_ps(a + 16 * v, _mm512_add_ps(_mm512_loadu_ps(a + 16 * v), g[v]));
-              bits &= bits - 1u;
-            }
-          }
-        }
-      }
-    for (int64_t i = 0; i < item; ++i) {
-      double s = 0.0;
-      for (int c = 0; c < WG_COPIES; ++c) s += (double)acc[c * item + i];
-      dacc[i] += s;
-    }
-  }
-}
-
-torch::Tensor spike_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, int64_t KW,
-                                int64_t SH, int64_t SW, int64_t PH, int64_t PW, double max_density) {
-  const int64_t N = x.size(0), Ci = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
-  const int64_t Co = g.size(1), Ho = g.size(2), Wo = g.size(3);
-  const int64_t HWT = H * W * T, CiW = (Ci + 15) / 16, KK = KH * KW, P = Ho * Wo * T;
-  std::vector<uint16_t> mask;
-  int64_t active = 0;
-  if (!spike_masks(x.data_ptr<float>(), N, Ci, HWT, mask, &active) ||
-      (double)active > max_density * (double)(N * Ci * HWT))
-    return torch::Tensor();  // not 0/1, or too dense for this to beat oneDNN
-  auto gw = torch::zeros({Co, Ci, KH, KW}, g.options());
-  if (active == 0 || P == 0) return gw;
-
-  // g as [N][Ho*Wo*T][CoP] (output channel contiguous, zero padded to 16)
-  const int64_t CoP = (Co + 15) / 16 * 16, CoV = CoP / 16;
-  std::vector<float> gT(N * P * CoP, 0.f);
-  const float* gp = g.data_ptr<float>();
-  const int64_t PB = (P + 15) / 16;
-  at::parallel_for(0, N * CoV * PB, 16, [&](int64_t b, int64_t e) {
-    __m512 r[16];
-    for (int64_t it = b; it < e; ++it) {
-      const int64_t n = it / (CoV * PB), cv = (it / PB) % CoV, p0 = (it % PB) * 16;
-      const int64_t nc = std::min<int64_t>(16, Co - cv * 16), np = std::min<int64_t>(16, P - p0);
-      const __mmask16 pm = first_lanes(np);
-      for (int j = 0; j < 16; ++j)
-        r[j] = j < nc ? _mm512_maskz_loadu_ps(pm, gp + ((n * Co + cv * 16 + j) * P + p0)) : _mm512_setzero_ps();
-      transpose16(r);
-      for (int64_t i = 0; i < np; ++i) _mm512_storeu_ps(gT.data() + (n * P + p0 + i) * CoP + cv * 16, r[i]);
-    }
-  });
-
-  // work items: 16 input channels (one mask word) x up to 128 output channels;
-  // each item's accumulators (WG_COPIES x KK x 16 x 128 floats for 3x3: 288 KB) stay in L2
-  const int64_t NV = std::min<int64_t>(CoV, 8), OB = (CoV + NV - 1) / NV;
-  float* gwp = gw.data_ptr<float>();
-  at::parallel_for(0, CiW * OB, 1, [&](int64_t b, int64_t e) {
-    const int64_t row = 16 * NV, item = KK * 16 * row;
-    std::vector<float> acc(WG_COPIES * item);
-    std::vector<double> dacc(item);
-    for (int64_t it = b; it < e; ++it) {
-      const int64_t cw = it / OB, ob0 = (it % OB) * row;
-      const int64_t nv = std::min<int64_t>(NV, CoV - ob0 / 16);
-      // the last block may be narrower (nv < NV); accumulators use its own row width
-      switch (nv) {
-#define NF_WG(K) case K: wgrad_block<K>(mask.data(), gT.data(), dacc.data(), acc.data(), N, H, W, T, CiW, cw, \
-                                        Ho, Wo, CoP, ob0, KH, KW, SH, SW, PH, PW); break;
-        NF_WG(1) NF_WG(2) NF_WG(3) NF_WG(4) NF_WG(5) NF_WG(6) NF_WG(7) default: NF_WG(8)
-#undef NF_WG
-      }
-      const int64_t rowv = 16 * nv;
-      for (int64_t j = 0; j < 16 && cw * 16 + j < Ci; ++j)
-        for (int64_t k = 0; k < KK; ++k)
-          for (int64_t o = 0; o < rowv && ob0 + o < Co; ++o)
-            gwp[((ob0 + o) * Ci + cw * 16 + j) * KK + k] = (float)dacc[(k * 16 + j) * rowv + o];
-    }
-  });
-  return gw;
-}
-
 // ---- Convolutions with time as the vector lane ("T-lane") ----
 //
 // For a small fan-in K = Ci * KH * KW (the first layer of a network, or a dense
@@ -1163,20 +1041,28 @@ struct TLaneConv {
   int64_t run() const { return SW == 1 ? Wo * T : T; }
 };
 
-static bool all_binary(const float* xp, int64_t n) {
+// number of ones among n floats, or -1 if one of them is neither 0 nor 1
+static int64_t binary_count(const float* xp, int64_t n) {
   std::atomic<bool> binary{true};
+  std::atomic<int64_t> ones{0};
   at::parallel_for(0, (n + 15) / 16, 4096, [&](int64_t b, int64_t e) {
     const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
     __mmask16 bad = 0;
+    int64_t count = 0;
     for (int64_t i = b * 16; i < std::min(n, e * 16); i += 16) {
       const __mmask16 lm = first_lanes(n - i);
       const __m512 v = _mm512_maskz_loadu_ps(lm, xp + i);
-      bad |= (__mmask16)(~(_mm512_cmp_ps_mask(v, zero, _CMP_EQ_OQ) | _mm512_cmp_ps_mask(v, one, _CMP_EQ_OQ)) & lm);
+      const __mmask16 is_one = _mm512_cmp_ps_mask(v, one, _CMP_EQ_OQ) & lm;
+      bad |= (__mmask16)(~(_mm512_cmp_ps_mask(v, zero, _CMP_EQ_OQ) | is_one) & lm);
+      count += __builtin_popcount(is_one);
     }
     if (bad) binary = false;
+    ones += count;
   });
-  return binary.load();
+  return binary.load() ? ones.load() : -1;
 }
+
+static bool all_binary(const float* xp, int64_t n) { return binary_count(xp, n) >= 0; }
 
 static void tlane_setup(TLaneConv& c, const torch::Tensor& x, int64_t Co, int64_t KH, int64_t KW, int64_t SH,
                         int64_t SW, int64_t PH, int64_t PW) {
@@ -1368,6 +1254,184 @@ torch::Tensor tlane_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, in
   });
   return gw;
 }
+
+// ---- "fast" gradients (enable(gradients="fast")): not bit-identical to SLAYER ----
+//
+// Weight gradient of a stride-1 Conv synapse for 0/1 inputs, spike driven:
+//   gw[co, ci, kh, kw] = sum of g[n, co, y + PH - kh, x + PW - kw, t] over the input
+//                        spikes x[n, ci, y, x, t] = 1,
+// so the work is proportional to the number of input spikes (oneDNN's dense backward
+// does the multiply-adds for the zeros too). For one input channel and 16 output
+// channels the KH * KW vectors of sums stay in registers while the spikes of one image
+// row are visited; each spike adds one output-gradient row per tap. The rows come
+// from a per-sample copy of g laid out [hq][t][wq][16 co] with a zero border, so every
+// tap reads inside it and the taps of one kernel row are adjacent; the KH rows a band
+// of spikes reads (18 KB at 4x4, T = 16) stay in L1.
+// Sums: float32 within one (sample, image row, input channel), float32 over the rows
+// of a sample, float64 across samples in fixed chunks of WGR_CHUNK: deterministic and
+// independent of the thread count, and as accurate as oneDNN's float32 reduction.
+// Returns an undefined tensor (the caller then uses oneDNN) for other strides or
+// kernel sizes, inputs that are not 0/1, or more than max_density of them active.
+constexpr int64_t WGR_CHUNK = 4;  // samples per float64 partial sum
+
+template <int KH, int KW>
+static void wgrad_band(const float* xr, const float* gq, int64_t Ci, int64_t HWT, int64_t W, int64_t T,
+                       int64_t Wq, float* part) {
+  constexpr int KK = KH * KW, CB = 16;
+  const int64_t RS = T * Wq * CB;  // one row of gq
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t ci = 0; ci < Ci; ++ci) {
+    __m512 acc[KK];
+#pragma GCC unroll 25
+    for (int k = 0; k < KK; ++k) acc[k] = zero;
+    const float* xc = xr + ci * HWT;
+    for (int64_t x = 0; x < W; ++x)
+      for (int64_t tc = 0; tc < T; tc += 16) {
+        uint32_t bits = _mm512_mask_cmp_ps_mask(first_lanes(T - tc), _mm512_loadu_ps(xc + x * T + tc), zero, _CMP_NEQ_UQ);
+        while (bits) {
+          // tap (kh, kw) reads row KH - 1 - kh of the band at column x + KW - 1 - kw
+          const float* r0 = gq + (KH - 1) * RS + ((tc + __builtin_ctz(bits)) * Wq + x + KW - 1) * CB;
+#pragma GCC unroll 5
+          for (int kh = 0; kh < KH; ++kh)
+#pragma GCC unroll 5
+            for (int kw = 0; kw < KW; ++kw)
+              acc[kh * KW + kw] = _mm512_add_ps(acc[kh * KW + kw], _mm512_load_ps(r0 - kh * RS - kw * CB));
+          bits &= bits - 1u;
+        }
+      }
+    float* pc = part + ci * KK * CB;
+#pragma GCC unroll 25
+    for (int k = 0; k < KK; ++k) _mm512_storeu_ps(pc + k * CB, _mm512_add_ps(_mm512_loadu_ps(pc + k * CB), acc[k]));
+  }
+}
+
+torch::Tensor spike_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
+                                int64_t PH, int64_t PW, double max_density) {
+  const int64_t N = x.size(0), Ci = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
+  const int64_t Co = g.size(1), Ho = g.size(2), Wo = g.size(3);
+  const bool kernel = (KH == 3 && KW == 3) || (KH == 5 && KW == 5);  // the instantiated sizes
+  if (!kernel || SH != 1 || SW != 1 || PH > KH - 1 || PW > KW - 1 || x.numel() == 0) return torch::Tensor();
+  const int64_t active = binary_count(x.data_ptr<float>(), x.numel());
+  if (active < 0 || (double)active > max_density * (double)x.numel()) return torch::Tensor();
+  constexpr int CB = 16;
+  const int64_t COB = (Co + CB - 1) / CB, KK = KH * KW, HWT = H * W * T;
+  const int64_t bh = KH - 1 - PH, bw = KW - 1 - PW, Hq = Ho + 2 * bh, Wq = Wo + 2 * bw;
+  const int64_t chunks = (N + WGR_CHUNK - 1) / WGR_CHUNK;
+  std::vector<double> dpart(chunks * COB * Ci * KK * CB, 0.0);  // [chunk][cob][ci][k][16]
+  const float* xp = x.data_ptr<float>();
+  const float* gp = g.data_ptr<float>();
+  at::parallel_for(0, chunks * COB, 1, [&](int64_t b, int64_t e) {
+    // gq 64-byte aligned: each row is one cache line
+    std::vector<float> gq_buf(Hq * T * Wq * CB + 16), part(Ci * KK * CB);
+    float* gq = gq_buf.data() + (16 - ((uintptr_t)gq_buf.data() / 4) % 16) % 16;
+    for (int64_t it = b; it < e; ++it) {
+      const int64_t ch = it / COB, co0 = (it % COB) * CB;
+      std::fill(gq, gq + Hq * T * Wq * CB, 0.f);  // the border stays zero for the chunk
+      double* dacc = dpart.data() + it * Ci * KK * CB;
+      for (int64_t n = ch * WGR_CHUNK; n < std::min(N, (ch + 1) * WGR_CHUNK); ++n) {
+        // gq[bh + ho][t][bw + wo][o] = g[n, co0 + o, ho, wo, t] (16 x 16 transposes)
+        __m512 r[16];
+        for (int64_t ho = 0; ho < Ho; ++ho)
+          for (int64_t wo = 0; wo < Wo; ++wo)
+            for (int64_t tc = 0; tc < T; tc += 16) {
+              const int64_t m = std::min<int64_t>(16, T - tc);
+              for (int j = 0; j < 16; ++j) {
+                const int64_t co = co0 + j;
+                r[j] = co < Co ? _mm512_maskz_loadu_ps(first_lanes(m), gp + (((n * Co + co) * Ho + ho) * Wo + wo) * T + tc)
+                               : _mm512_setzero_ps();
+              }
+              transpose16(r);
+              for (int64_t i = 0; i < m; ++i)
+                _mm512_store_ps(gq + (((bh + ho) * T + tc + i) * Wq + bw + wo) * CB, r[i]);
+            }
+        std::fill(part.begin(), part.end(), 0.f);
+        const float* xn = xp + n * Ci * HWT;
+        for (int64_t y = 0; y < H; ++y) {  // the band of gq rows y .. y + KH - 1
+          const float* band = gq + y * T * Wq * CB;
+          if (KH == 3) wgrad_band<3, 3>(xn + y * W * T, band, Ci, HWT, W, T, Wq, part.data());
+          else wgrad_band<5, 5>(xn + y * W * T, band, Ci, HWT, W, T, Wq, part.data());
+        }
+        for (int64_t i = 0; i < Ci * KK * CB; i += 8)
+          _mm512_storeu_pd(dacc + i, _mm512_add_pd(_mm512_loadu_pd(dacc + i), _mm512_cvtps_pd(_mm256_loadu_ps(part.data() + i))));
+      }
+    }
+  });
+  auto gw = torch::empty({Co, Ci, KH, KW}, g.options());
+  float* gwp = gw.data_ptr<float>();
+  at::parallel_for(0, Co * Ci * KK, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {  // i = (co, ci, k); chunks summed in order
+      const int64_t co = i / (Ci * KK), cik = i % (Ci * KK), cob = co / CB;
+      double s = 0.0;
+      for (int64_t ch = 0; ch < chunks; ++ch) s += dpart[((ch * COB + cob) * Ci * KK + cik) * CB + co % CB];
+      gwp[i] = (float)s;
+    }
+  });
+  return gw;
+}
+
+// Input gradient of a KxK stride-1 convolution with time as the lane:
+//   gx[n, ci, y, x, t] = sum over taps (kh, kw) inside the output, then over co, of
+//                        w[co, ci, kh, kw] * g[n, co, y + PH - kh, x + PW - kw, t],
+// 16 input channels at a time (16 accumulation chains; each gradient vector feeds 16
+// multiply-adds). Taps falling on the zero padding are skipped (oneDNN multiplies
+// them). Float32 sums in that fixed order: deterministic, independent of threads.
+torch::Tensor tlane_input_grad(torch::Tensor g, torch::Tensor w, int64_t PH, int64_t PW) {
+  const int64_t N = g.size(0), Co = g.size(1), Ho = g.size(2), Wo = g.size(3), T = g.size(4);
+  const int64_t Ci = w.size(1), KH = w.size(2), KW = w.size(3), KK = KH * KW;
+  const int64_t H = Ho - 2 * PH + KH - 1, W = Wo - 2 * PW + KW - 1;
+  if (H <= 0 || W <= 0 || w.size(0) != Co) return torch::Tensor();
+  constexpr int CB = 16;
+  const int64_t CiP = (Ci + CB - 1) / CB * CB;
+  // wT[k][co][ci] (ci zero padded to CiP): the CB weights of one (tap, co) are adjacent
+  std::vector<float> wT(KK * Co * CiP, 0.f);
+  const float* wp = w.data_ptr<float>();
+  for (int64_t co = 0; co < Co; ++co)
+    for (int64_t ci = 0; ci < Ci; ++ci)
+      for (int64_t k = 0; k < KK; ++k) wT[(k * Co + co) * CiP + ci] = wp[(co * Ci + ci) * KK + k];
+  auto gx = torch::empty({N, Ci, H, W, T}, g.options());
+  const float* gp = g.data_ptr<float>();
+  float* xp = gx.data_ptr<float>();
+  const int64_t TC = (T + 15) / 16;
+  at::parallel_for(0, N * H * W, 1, [&](int64_t b, int64_t e) {
+    std::vector<const float*> rows(KK * Co);
+    std::vector<const float*> wrow(KK * Co);
+    for (int64_t it = b; it < e; ++it) {
+      const int64_t n = it / (H * W), y = (it / W) % H, x = it % W;
+      int64_t nt = 0;  // (tap, co) terms inside the output
+      for (int64_t kh = 0; kh < KH; ++kh) {
+        const int64_t ho = y + PH - kh;
+        if (ho < 0 || ho >= Ho) continue;
+        for (int64_t kw = 0; kw < KW; ++kw) {
+          const int64_t wo = x + PW - kw;
+          if (wo < 0 || wo >= Wo) continue;
+          for (int64_t co = 0; co < Co; ++co, ++nt) {
+            rows[nt] = gp + (((n * Co + co) * Ho + ho) * Wo + wo) * T;
+            wrow[nt] = wT.data() + ((kh * KW + kw) * Co + co) * CiP;
+          }
+        }
+      }
+      for (int64_t tq = 0; tq < TC; ++tq) {
+        const __mmask16 lm = first_lanes(T - tq * 16);
+        for (int64_t ci0 = 0; ci0 < Ci; ci0 += CB) {
+          __m512 acc[CB];
+#pragma GCC unroll 16
+          for (int j = 0; j < CB; ++j) acc[j] = _mm512_setzero_ps();
+          for (int64_t i = 0; i < nt; ++i) {
+            const __m512 gv = _mm512_maskz_loadu_ps(lm, rows[i] + tq * 16);
+            const float* wr = wrow[i] + ci0;
+#pragma GCC unroll 16
+            for (int j = 0; j < CB; ++j) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(wr[j]), gv, acc[j]);
+          }
+          float* out = xp + (((n * Ci + ci0) * H + y) * W + x) * T + tq * 16;
+#pragma GCC unroll 16
+          for (int j = 0; j < CB; ++j)  // unrolled with constant j: acc stays in registers
+            if (ci0 + j < Ci) _mm512_mask_storeu_ps(out + j * H * W * T, lm, acc[j]);
+        }
+      }
+    }
+  });
+  return gx;
+}
 #else
 torch::Tensor spike_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, double) {
   return torch::Tensor();  // no AVX-512: the caller uses F.conv3d
@@ -1382,6 +1446,7 @@ torch::Tensor tlane_input_grad_1x1(torch::Tensor, torch::Tensor) { return torch:
 torch::Tensor tlane_weight_grad(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {
   return torch::Tensor();
 }
+torch::Tensor tlane_input_grad(torch::Tensor, torch::Tensor, int64_t, int64_t) { return torch::Tensor(); }
 #endif
 
 // ---- Convolutions in 8-bit integers (AVX-512 VNNI) ----
@@ -1640,7 +1705,7 @@ torch::Tensor pool_bwd(torch::Tensor g, torch::Tensor w, int64_t H, int64_t W) {
 
 _FUNCTIONS = ["li_fwd", "li_bwd", "cuba_fwd", "cuba_bwd", "shift1", "spike_conv_fwd", "spike_weight_grad",
               "tlane_conv_fwd", "vnni_conv_fwd", "tlane_weight_grad", "tlane_input_grad_1x1", "pool_fwd", "pool_bwd",
-              "surrogate_exp_tensor"]
+              "surrogate_exp_tensor", "tlane_input_grad"]
 
 _ext = None
 _ext_error: str | None = None
@@ -1817,12 +1882,17 @@ class _Shift1(torch.autograd.Function):
 _SPARSE_MIN_FANIN = 64
 _SPARSE_MAX_DENSITY = 0.15
 _SPIKE_VS_VNNI = 28800  # break-even active fraction = Co * KH * KW / this
-# "fast" gradients: spike-driven weight gradient for convolutions (not 1x1: dense
-# layers are a plain GEMM for oneDNN) with >= 32 input channels and <= 20 % active
-# inputs; measured break-even against oneDNN's weight gradient at ~16 channels /
-# 2-5 % and ~30 % for the S-VGG9 shapes (benchmarks/train_throughput.py).
-_SPARSE_GRAD_MIN_CHANNELS = 32
-_SPARSE_GRAD_MAX_DENSITY = 0.2
+# "fast" gradients: spike-driven weight gradient for 3x3 and 5x5 stride-1 convolutions
+# with fan-in >= 64 (smaller ones take the time-lane kernel) and <= 30 % active inputs;
+# measured against oneDNN's weight gradient (1 thread): digits 16->32 at 4x4 0.31 vs
+# 0.58 ms at 10 %, 0.42 vs 0.68 at 20 %, 0.60 vs 0.58 at 40 %; S-VGG9 64->64 at 32x32
+# 30 vs 47 ms at 30 %.
+_SPARSE_GRAD_MAX_DENSITY = 0.3
+# "fast" gradients: the time-lane input gradient of a stride-1 KxK convolution skips
+# the taps on the zero padding, which oneDNN multiplies: it pays on small images
+# (digits 32->16 at 4x4 0.63 vs 0.78 ms, 64->16 at 8x8 1.5 vs 1.8; 64->64 at 32x32
+# 54 vs 45 ms)
+_TLANE_INPUT_GRAD_MAX_PIXELS = 64
 # "fast" gradients: the time-lane weight gradient also serves dense layers with few
 # outputs (classifier heads), where oneDNN's 16-wide blocking is mostly empty: digits
 # 512->10 0.11 vs 0.17 ms; S-VGG9's 4096->1024 stays with oneDNN (7 vs 10+ ms).
@@ -1871,14 +1941,17 @@ class _SpikeConv(torch.autograd.Function):
             dense_head = kh * kw == 1 and w.shape[0] < _TLANE_WGRAD_MAX_DENSE_OUT
             if need_w and (w[0].numel() < _SPARSE_MIN_FANIN or dense_head):  # time as the lane
                 gw = _ext.tlane_weight_grad(x, g, kh, kw, stride[0], stride[1], padding[0], padding[1])
-            elif need_w and x.shape[1] >= _SPARSE_GRAD_MIN_CHANNELS and kh * kw > 1:
-                # spike-driven weight gradient (None: input not 0/1, or too dense to pay off)
+            elif need_w and kh * kw > 1:
+                # spike-driven weight gradient (None: not 0/1, too dense, or not 3x3/5x5 stride 1)
                 gw = _ext.spike_weight_grad(x, g, kh, kw, stride[0], stride[1], padding[0], padding[1],
                                             _SPARSE_GRAD_MAX_DENSITY)
             if gw is not None:
                 gw, need_w = gw.view(w.shape), False
-            if need_x and kh * kw == 1 and tuple(stride[:2]) == (1, 1) and tuple(padding[:2]) == (0, 0):
-                gx = _ext.tlane_input_grad_1x1(g, w.detach().reshape(w.shape[:2]).contiguous())
+            if need_x and tuple(stride[:2]) == (1, 1):
+                if kh * kw == 1 and tuple(padding[:2]) == (0, 0):
+                    gx = _ext.tlane_input_grad_1x1(g, w.detach().reshape(w.shape[:2]).contiguous())
+                elif x.shape[2] * x.shape[3] <= _TLANE_INPUT_GRAD_MAX_PIXELS:
+                    gx = _ext.tlane_input_grad(g, w.detach().reshape(w.shape[:4]).contiguous(), padding[0], padding[1])
                 need_x = gx is None
         if need_x or need_w:  # what is left comes from oneDNN
             gx_dnn, gw_dnn, _ = torch.ops.aten.convolution_backward(
