@@ -1883,11 +1883,11 @@ _SPARSE_MIN_FANIN = 64
 _SPARSE_MAX_DENSITY = 0.15
 _SPIKE_VS_VNNI = 28800  # break-even active fraction = Co * KH * KW / this
 # "fast" gradients: spike-driven weight gradient for 3x3 and 5x5 stride-1 convolutions
-# with fan-in >= 64 (smaller ones take the time-lane kernel) and <= 30 % active inputs;
+# with fan-in >= 64 (smaller ones take the time-lane kernel) and <= 35 % active inputs;
 # measured against oneDNN's weight gradient (1 thread): digits 16->32 at 4x4 0.31 vs
-# 0.58 ms at 10 %, 0.42 vs 0.68 at 20 %, 0.60 vs 0.58 at 40 %; S-VGG9 64->64 at 32x32
-# 30 vs 47 ms at 30 %.
-_SPARSE_GRAD_MAX_DENSITY = 0.3
+# 0.58 ms at 10 %, 0.42 vs 0.68 at 20 %, 0.49 vs 0.57 at 31 %, 0.60 vs 0.58 at 40 %;
+# S-VGG9 64->64 at 32x32 30 vs 47 ms at 30 %.
+_SPARSE_GRAD_MAX_DENSITY = 0.35
 # "fast" gradients: the time-lane input gradient of a stride-1 KxK convolution skips
 # the taps on the zero padding, which oneDNN multiplies: it pays on small images
 # (digits 32->16 at 4x4 0.63 vs 0.78 ms, 64->16 at 8x8 1.5 vs 1.8; 64->64 at 32x32
