@@ -92,12 +92,18 @@ unaffected); some backward steps are computed another way:
   oneDNN's: 4e-8 against 1.2e-7 of the sum of |terms| on the tested shapes);
 * the input gradient of a 1x1 synapse (a Dense layer) comes from
   ``tlane_input_grad_1x1``, a time-lane product with the transposed weights (float32
-  sums over the output channels in order);
-* the weight gradient of a convolution with >= 32 input channels and <= 20 % active
-  inputs comes from ``spike_weight_grad``: only positions with an input spike add
-  their output gradient (oneDNN multiplies the zeros too). Its sum runs in a fixed
-  order (float32 within a sample, float64 across samples), so it is deterministic
-  and independent of the thread count, and at least as accurate as oneDNN's;
+  sums over the output channels in order); that of a stride-1 convolution with at
+  most 16384 weights on an image of at most 64 pixels from ``tlane_input_grad``,
+  which skips the kernel taps on the
+  zero padding (oneDNN multiplies them; at 4x4, 3x3 a third of all taps) and sums
+  float32 over taps and output channels in order;
+* the weight gradient of a 3x3 or 5x5 stride-1 convolution with fan-in >= 64 and
+  <= 35 % active inputs comes from ``spike_weight_grad``: only positions with an
+  input spike add their output gradient (oneDNN multiplies the zeros too), into
+  accumulators held in registers per input channel. Its sum runs in a fixed order
+  (float32 within a sample, float64 across samples in fixed chunks of 4), so it is
+  deterministic and independent of the thread count, and at least as accurate as
+  oneDNN's;
 * the surrogate gradient's ``exp`` is evaluated inside the neuron backward kernel
   (Cephes polynomial, AVX-512): within 1 ulp of ``torch.exp`` where the result is
   a normal float, 0 where torch.exp returns a subnormal (< 1.2e-38).
@@ -1889,10 +1895,13 @@ _SPIKE_VS_VNNI = 28800  # break-even active fraction = Co * KH * KW / this
 # S-VGG9 64->64 at 32x32 30 vs 47 ms at 30 %.
 _SPARSE_GRAD_MAX_DENSITY = 0.35
 # "fast" gradients: the time-lane input gradient of a stride-1 KxK convolution skips
-# the taps on the zero padding, which oneDNN multiplies: it pays on small images
-# (digits 32->16 at 4x4 0.63 vs 0.78 ms, 64->16 at 8x8 1.5 vs 1.8; 64->64 at 32x32
-# 54 vs 45 ms)
+# the taps on the zero padding, which oneDNN multiplies: it pays on small images with
+# few weights (its weight broadcasts must stay in cache). Measured (1 thread) against
+# oneDNN: digits 16->32 at 4x4 (4608 weights) 0.63-0.71 vs 0.78-0.97 ms, 16->64 at
+# 8x8 1.5 vs 1.8 ms; but 64->64 at 8x8 (36864 weights) 6.0 vs 5.0 ms, 256->256 57 vs
+# 38 ms, and 64->64 at 32x32 54 vs 45 ms.
 _TLANE_INPUT_GRAD_MAX_PIXELS = 64
+_TLANE_INPUT_GRAD_MAX_WEIGHTS = 16384
 # "fast" gradients: the time-lane weight gradient also serves dense layers with few
 # outputs (classifier heads), where oneDNN's 16-wide blocking is mostly empty: digits
 # 512->10 0.11 vs 0.17 ms; S-VGG9's 4096->1024 stays with oneDNN (7 vs 10+ ms).
@@ -1950,7 +1959,8 @@ class _SpikeConv(torch.autograd.Function):
             if need_x and tuple(stride[:2]) == (1, 1):
                 if kh * kw == 1 and tuple(padding[:2]) == (0, 0):
                     gx = _ext.tlane_input_grad_1x1(g, w.detach().reshape(w.shape[:2]).contiguous())
-                elif x.shape[2] * x.shape[3] <= _TLANE_INPUT_GRAD_MAX_PIXELS:
+                elif (x.shape[2] * x.shape[3] <= _TLANE_INPUT_GRAD_MAX_PIXELS
+                      and w.numel() <= _TLANE_INPUT_GRAD_MAX_WEIGHTS):
                     gx = _ext.tlane_input_grad(g, w.detach().reshape(w.shape[:4]).contiguous(), padding[0], padding[1])
                 need_x = gx is None
         if need_x or need_w:  # what is left comes from oneDNN
