@@ -319,6 +319,7 @@ def main(argv=None):
         ("svgg9-live", args.svgg9_batch, args.svgg9_T, args.svgg9_rounds, args.svgg9_steps),
     ]
     first = None
+    later = {}  # torch threads -> results of that setting (the RESULT line names the others too)
     stock_grads = {}  # (network, threads) -> stock gradients of the first batch
     for threads in settings:
         results = {}
@@ -364,6 +365,7 @@ def main(argv=None):
                 emit("  WARNING: the fast path could not be enabled (extension build failed)")
             emit("")
         first = first or results
+        later[infos["stock"]["threads"]] = results
     for name, *_ in cases:  # the scale of the fast-grad tolerance: stock against itself
         runs = sorted((th, g) for (n, th), g in stock_grads.items() if n == name)
         if len(runs) == 2 and runs[0][0] != runs[1][0]:
@@ -377,7 +379,11 @@ def main(argv=None):
          f"digits_fastgrad={d[3]:.1f} digits_fastgrad_ratio={d[4]:.2f} "
          f"svgg9_stock={s[0]:.2f} svgg9_fast={s[1]:.2f} svgg9_ratio={s[2]:.2f} "
          f"svgg9_fastgrad={s[3]:.2f} svgg9_fastgrad_ratio={s[4]:.2f} "
-         f"svgg9live_ratio={v[2]:.2f} svgg9live_fastgrad_ratio={v[4]:.2f} ratio={d[2]:.2f}")
+         f"svgg9live_ratio={v[2]:.2f} svgg9live_fastgrad_ratio={v[4]:.2f} "
+         + "".join(f"digits_ratio_{n}threads={r['digits'][2]:.2f} digits_fastgrad_ratio_{n}threads={r['digits'][4]:.2f} "
+                   f"svgg9_fastgrad_ratio_{n}threads={r['svgg9'][4]:.2f} "
+                   for n, r in later.items() if r is not first)
+         + f"ratio={d[2]:.2f}")
     if args.save:
         report.save("train_throughput")
 
