@@ -122,9 +122,9 @@ on the thread count), so bit-identity with SLAYER only ever holds at a fixed thr
 count.
 Training from the same start then follows a slightly different trajectory, as it
 would with another thread count. Measured gain (``benchmarks/train_throughput.py``,
-best steps over stock; see ``benchmarks/results/train_throughput.txt``): the digits
-CNN 6.1-6.6x -> 7.8-8.2x at 1 thread and 8.3x -> 10.4-10.9x at 2; S-VGG9
-2.5-2.8x -> 3.6-3.9x at 1 thread. On the digits CNN all four weight gradients and
+best steps over stock, three runs; see ``benchmarks/results/train_throughput.txt``):
+the digits CNN 6.1-6.7x -> 7.8-8.5x at 1 thread and 7.8-8.9x -> 10.4-10.9x at 2;
+S-VGG9 2.5-2.8x -> 3.3-3.9x at 1 thread. On the digits CNN all weight gradients and
 every input gradient come from these kernels; only the neuron kernels, the synapse
 forward and about 1.5 ms of Python and autograd per step remain.
 
