@@ -98,14 +98,13 @@ unaffected); some backward steps are computed another way:
   ``tlane_input_grad_1x1``, a time-lane product with the transposed weights (float32
   sums over the output channels in order); that of a stride-1 convolution with at
   most 16384 weights on an image of at most 64 pixels from ``tlane_input_grad``,
-  which skips the kernel taps on the
-  zero padding (oneDNN multiplies them; at 4x4, 3x3 a third of all taps) and sums
-  float32 over taps and output channels in order;
+  which skips the kernel taps on the zero padding (oneDNN multiplies them; at 4x4,
+  3x3 a third of all taps) and sums float32 over taps and output channels in order;
 * the weight gradient of a 3x3 or 5x5 stride-1 convolution with fan-in >= 64 and
   <= 35 % active inputs comes from ``spike_weight_grad``: only positions with an
   input spike add their output gradient (oneDNN multiplies the zeros too), into
   accumulators held in registers per input channel. Its sum runs in a fixed order
-  (float32 within a sample, float64 across samples in fixed chunks of 4), so it is
+  (float32 within a sample, float64 across samples in fixed chunks), so it is
   deterministic and independent of the thread count, and at least as accurate as
   oneDNN's;
 * the surrogate gradient's ``exp`` is evaluated inside the neuron backward kernel
@@ -1284,12 +1283,14 @@ torch::Tensor tlane_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, in
 // stay in L1/L2. 32 channels per pass visit every spike half as often as 16: S-VGG9
 // 128->128 at 16x16, 10 % active, 15.5 vs 23 ms (digits 4x4: the same within noise).
 // Sums: float32 within one (sample, image row, input channel), float32 over the rows
-// of a sample, float64 across samples in fixed chunks of WGR_CHUNK: deterministic and
+// of a sample, float64 across the samples of a chunk and then across chunks, in order.
+// The chunks depend on N only (at least 4 samples, at most 8 chunks: the float64
+// partials take at most 64 bytes per weight), so the result is deterministic and
 // independent of the thread count, and as accurate as oneDNN's float32 reduction.
+// (Items that each sweep all samples for a range of input channels need no partials,
+// but rebuild g's copy per item: 0.59 vs 0.50 ms for digits conv2 at 1 thread.)
 // Returns an undefined tensor (the caller then uses oneDNN) for other strides or
 // kernel sizes, inputs that are not 0/1, or more than max_density of them active.
-constexpr int64_t WGR_CHUNK = 4;  // samples per float64 partial sum
-
 template <int KH, int KW, int NV>
 static void wgrad_band(const float* xr, const float* gq, int64_t Ci, int64_t HWT, int64_t W, int64_t T,
                        int64_t Wq, float* part) {
@@ -1303,7 +1304,8 @@ static void wgrad_band(const float* xr, const float* gq, int64_t Ci, int64_t HWT
     const float* xc = xr + ci * HWT;
     for (int64_t x = 0; x < W; ++x)
       for (int64_t tc = 0; tc < T; tc += 16) {
-        uint32_t bits = _mm512_mask_cmp_ps_mask(first_lanes(T - tc), _mm512_loadu_ps(xc + x * T + tc), zero, _CMP_NEQ_UQ);
+        const __mmask16 lm = first_lanes(T - tc);  // masked load: the last row may end mid-vector
+        uint32_t bits = _mm512_mask_cmp_ps_mask(lm, _mm512_maskz_loadu_ps(lm, xc + x * T + tc), zero, _CMP_NEQ_UQ);
         while (bits) {
           // tap (kh, kw) reads row KH - 1 - kh of the band at column x + KW - 1 - kw
           const float* r0 = gq + (KH - 1) * RS + ((tc + __builtin_ctz(bits)) * Wq + x + KW - 1) * CB;
@@ -1336,7 +1338,7 @@ torch::Tensor spike_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, in
   const int64_t CB = KH == 3 && Co > 16 ? 32 : 16;
   const int64_t COB = (Co + CB - 1) / CB, KK = KH * KW, HWT = H * W * T;
   const int64_t bh = KH - 1 - PH, bw = KW - 1 - PW, Hq = Ho + 2 * bh, Wq = Wo + 2 * bw;
-  const int64_t chunks = (N + WGR_CHUNK - 1) / WGR_CHUNK;
+  const int64_t chunk = std::max<int64_t>(4, (N + 7) / 8), chunks = (N + chunk - 1) / chunk;
   std::vector<double> dpart(chunks * COB * Ci * KK * CB, 0.0);  // [chunk][cob][ci][k][CB]
   const float* xp = x.data_ptr<float>();
   const float* gp = g.data_ptr<float>();
@@ -1348,7 +1350,7 @@ torch::Tensor spike_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, in
       const int64_t ch = it / COB, co0 = (it % COB) * CB;
       std::fill(gq, gq + Hq * T * Wq * CB, 0.f);  // the border stays zero for the chunk
       double* dacc = dpart.data() + it * Ci * KK * CB;
-      for (int64_t n = ch * WGR_CHUNK; n < std::min(N, (ch + 1) * WGR_CHUNK); ++n) {
+      for (int64_t n = ch * chunk; n < std::min(N, (ch + 1) * chunk); ++n) {
         // gq[bh + ho][t][bw + wo][o] = g[n, co0 + o, ho, wo, t] (16 x 16 transposes)
         __m512 r[16];
         for (int64_t ho = 0; ho < Ho; ++ho)
