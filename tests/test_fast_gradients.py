@@ -54,7 +54,7 @@ def test_surrogate_exp_within_one_ulp_of_torch_exp():
 WGRAD_CASES = [  # N, Ci, Co, H, W, T, kernel, padding, spike probability (stride 1)
     (2, 3, 5, 6, 7, 5, 3, 1, 0.3),  # 5 output channels in a block of 16, T below 16
     (3, 16, 32, 4, 4, 16, 3, 1, 0.3),  # the digits CNN's second convolution
-    (2, 40, 150, 6, 5, 8, 3, 0, 0.1),  # ten output-channel blocks, no padding
+    (2, 40, 150, 6, 5, 8, 3, 0, 0.1),  # five output-channel blocks of 32 (the last 22 wide), no padding
     (5, 33, 20, 7, 7, 19, 5, 2, 0.05),  # 5x5; T over 16; a chunk of one sample
     (2, 64, 64, 16, 16, 16, 3, 1, 0.1),
 ]
