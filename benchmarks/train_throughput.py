@@ -319,7 +319,7 @@ def main(argv=None):
         ("svgg9-live", args.svgg9_batch, args.svgg9_T, args.svgg9_rounds, args.svgg9_steps),
     ]
     first = None
-    later = {}  # torch threads -> results of that setting (the RESULT line names the others too)
+    by_threads = {}  # torch threads -> results of that setting (the RESULT line names them all)
     stock_grads = {}  # (network, threads) -> stock gradients of the first batch
     for threads in settings:
         results = {}
@@ -365,7 +365,7 @@ def main(argv=None):
                 emit("  WARNING: the fast path could not be enabled (extension build failed)")
             emit("")
         first = first or results
-        later[infos["stock"]["threads"]] = results
+        by_threads[infos["stock"]["threads"]] = results
     for name, *_ in cases:  # the scale of the fast-grad tolerance: stock against itself
         runs = sorted((th, g) for (n, th), g in stock_grads.items() if n == name)
         if len(runs) == 2 and runs[0][0] != runs[1][0]:
@@ -382,7 +382,7 @@ def main(argv=None):
          f"svgg9live_ratio={v[2]:.2f} svgg9live_fastgrad_ratio={v[4]:.2f} "
          + "".join(f"digits_ratio_{n}threads={r['digits'][2]:.2f} digits_fastgrad_ratio_{n}threads={r['digits'][4]:.2f} "
                    f"svgg9_fastgrad_ratio_{n}threads={r['svgg9'][4]:.2f} "
-                   for n, r in later.items() if r is not first)
+                   for n, r in by_threads.items() if r is not first)
          + f"ratio={d[2]:.2f}")
     if args.save:
         report.save("train_throughput")

@@ -335,7 +335,7 @@ static void cuba_fwd_rows(const CubaFwdArgs& A, int64_t b, int64_t e) {
   for (int64_t r0 = b; r0 < e; r0 += V) {
     const int64_t nr = std::min<int64_t>(V, e - r0);
     load_tile(A.x + r0 * T, T, nr, tin);
-    float* tea = A.ea + r0 * T;  // earg is kept in tile layout (see cuba_fwd)
+    float* tea = EARG ? A.ea + r0 * T : nullptr;  // earg is kept in tile layout (see cuba_fwd)
     int64_t c_old[V], v_old[V];
     float cf[V], vf[V];
     for (int j = 0; j < V; ++j) {
@@ -1399,6 +1399,8 @@ torch::Tensor spike_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, in
 // 16 input channels at a time (16 accumulation chains; each gradient vector feeds 16
 // multiply-adds). Taps falling on the zero padding are skipped (oneDNN multiplies
 // them). Float32 sums in that fixed order: deterministic, independent of threads.
+// Dense layers keep tlane_input_grad_1x1 (same sums, same order, but it runs along
+// (w, t) rows: digits 512->10 0.05 vs 0.09 ms, 4096->1024 14 vs 17 ms).
 torch::Tensor tlane_input_grad(torch::Tensor g, torch::Tensor w, int64_t PH, int64_t PW) {
   const int64_t N = g.size(0), Co = g.size(1), Ho = g.size(2), Wo = g.size(3), T = g.size(4);
   const int64_t Ci = w.size(1), KH = w.size(2), KW = w.size(3), KK = KH * KW;
