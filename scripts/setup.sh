@@ -20,6 +20,7 @@ $V -e ".[dev]"
 $V --no-deps --ignore-requires-python "lava-nc==0.10.0" "lava-dl==0.6.0"
 "$VENV/bin/python" -c "import neurofed.compat as c; c.check_environment()"
 # Compile the fused CUBA kernels once now (cached; training falls back to stock SLAYER
-# with a warning if this ever fails).
-"$VENV/bin/python" -c "import neurofed.models.fast_cuba as f; assert f.build() is not None, 'fast CUBA kernels did not compile'"
+# with a warning if this ever fails), with every instruction-set variant this CPU runs
+# (the tests check each against stock SLAYER).
+"$VENV/bin/python" -c "import neurofed.models.fast_cuba as f; assert f.build() is not None, 'fast CUBA kernels did not compile: ' + str(f._ext_error); [f.build_variant(v) for v in f.runnable_variants()]"
 echo "neurofed environment ready in $VENV (activate: source $VENV/bin/activate)"

@@ -20,8 +20,28 @@ fast_cuba = pytest.importorskip("neurofed.models.fast_cuba")
 if not fast_cuba.is_available():  # pragma: no cover - no C++ toolchain
     pytest.skip(f"fast_cuba extension unavailable: {fast_cuba._ext_error}", allow_module_level=True)
 
-# the extension was built with the AVX-512 VNNI synapse kernel (it declines a 0/1 input otherwise)
-HAS_VNNI = fast_cuba._ext.vnni_conv_fwd(torch.ones(1, 4, 1, 1, 16), torch.ones(1, 4, 1, 1), 1, 1, 0, 0, 0.0) is not None
+# The optional synapse / gradient kernels of the variant built for this CPU (today: all
+# of them on AVX-512, the VNNI one with VNNI, none below). A kernel outside the build
+# returns None everywhere and the caller takes the stock call; the tests below check
+# that each kernel in the build ran, and that the others declined.
+VARIANT = fast_cuba.variant
+KERNELS = frozenset(fast_cuba._ext.kernels())
+OPTIONAL_KERNELS = ("spike_conv_fwd", "spike_weight_grad", "tlane_conv_fwd", "tlane_input_grad_1x1",
+                    "tlane_weight_grad", "tlane_input_grad", "vnni_conv_fwd")
+HAS_VNNI = "vnni_conv_fwd" in KERNELS
+
+
+def needs(kernel: str):
+    return pytest.mark.skipif(kernel not in KERNELS, reason=f"{kernel} is not in the {VARIANT} build")
+
+
+@pytest.fixture(params=fast_cuba.runnable_variants())
+def variant_ext(request, monkeypatch):
+    """Every instruction-set variant this CPU runs (built once, cached): the test runs
+    with that build in place of the default one."""
+    ext = fast_cuba.build_variant(request.param)
+    monkeypatch.setattr(fast_cuba, "_ext", ext)
+    return ext
 
 NEURON = dict(threshold=1.25, current_decay=0.25, voltage_decay=0.03, tau_grad=0.1, scale_grad=1.0,
               requires_grad=False)
@@ -137,9 +157,10 @@ def test_conv_block():
     (60, "spike_conv_fwd"),  # weights beyond int8 (|w| >= 4 on SLAYER's 2^-5 grid), sparse input: spike-driven
 ])
 def test_conv_and_dense_blocks_with_large_fan_in(monkeypatch, weight_scale, kernel):
-    # fan-in >= 64 and 0/1 input: the synapse forward runs one of the C++ kernels
-    if kernel == "vnni_conv_fwd" and not HAS_VNNI:
-        pytest.skip("the 8-bit synapse kernel needs AVX-512 VNNI")
+    # fan-in >= 64 and 0/1 input: the synapse forward runs the first of these kernels the
+    # build has (the 8-bit one declines weights beyond int8), else F.conv3d
+    chain = ("vnni_conv_fwd", "spike_conv_fwd") if kernel == "vnni_conv_fwd" else ("spike_conv_fwd",)
+    expected = next((k for k in chain if k in KERNELS), None)
     counter = _CountingExt(fast_cuba._ext)
     monkeypatch.setattr(fast_cuba, "_ext", counter)
 
@@ -155,11 +176,13 @@ def test_conv_and_dense_blocks_with_large_fan_in(monkeypatch, weight_scale, kern
 
     out = compare(make_dense, [spikes(3, 100, 11, p=0.1)], expect_grads=("grad_x0", "grad_synapse.weight0"))
     assert out["out0"].sum() > 0
-    # the forward ran the kernel (not F.conv3d): it returned a tensor, twice
-    assert counter.ran.count(kernel) == 2
-    assert counter.ran.count("vnni_conv_fwd") + counter.ran.count("spike_conv_fwd") == 2
+    # the forward ran the expected kernel (not F.conv3d): it returned a tensor, twice
+    assert counter.ran.count("vnni_conv_fwd") + counter.ran.count("spike_conv_fwd") == (2 if expected else 0)
+    if expected:
+        assert counter.ran.count(expected) == 2
 
 
+@needs("spike_conv_fwd")
 @pytest.mark.parametrize("N, Ci, Co, H, W, T, k, stride, pad, p", [
     (2, 8, 20, 7, 5, 19, 3, 1, 1, 0.1),
     (1, 40, 33, 6, 6, 16, 3, 2, 1, 0.05),
@@ -173,8 +196,6 @@ def test_spike_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad, p):
     w = quantize_8bit(torch.randn(Co, Ci, k, k, 1, generator=g) * 3)
     ref = torch.nn.functional.conv3d(x, w, None, (stride, stride, 1), (pad, pad, 0))
     z = fast_cuba._ext.spike_conv_fwd(x, w.reshape(w.shape[:4]).contiguous(), stride, stride, pad, pad, 1.0)
-    if z is None:
-        pytest.skip("spike-driven synapse kernel needs AVX-512")
     assert_identical(ref, z, "conv output")
     # declines (caller falls back to F.conv3d) when the result might not be exact
     assert fast_cuba._ext.spike_conv_fwd(x * 0.5 + (x == 0) * 0.25, w.reshape(w.shape[:4]).contiguous(),
@@ -183,6 +204,7 @@ def test_spike_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad, p):
                                          stride, stride, pad, pad, 1.0) is None
 
 
+@needs("tlane_conv_fwd")
 @pytest.mark.parametrize("N, Ci, Co, H, W, T, k, stride, pad", [
     (2, 1, 16, 8, 8, 16, 3, 1, 1),  # the digits CNN's first layer
     (3, 3, 12, 7, 9, 19, 3, 2, 1),  # RGB, stride 2, T not a multiple of 16, 4-channel blocks
@@ -195,14 +217,13 @@ def test_time_lane_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad)
     ref = torch.nn.functional.conv3d(x, w, None, (stride, stride, 1), (pad, pad, 0))
     w4 = w.reshape(w.shape[:4]).contiguous()
     z = fast_cuba._ext.tlane_conv_fwd(x, w4, stride, stride, pad, pad)
-    if z is None:
-        pytest.skip("time-lane synapse kernel needs AVX-512")
     assert_identical(ref, z, "conv output")
     # declines (caller falls back to F.conv3d) when the result might not be exact
     assert fast_cuba._ext.tlane_conv_fwd(x * 0.5 + (x == 0) * 0.25, w4, stride, stride, pad, pad) is None
     assert fast_cuba._ext.tlane_conv_fwd(x, w4 * (1 + 1e-6), stride, stride, pad, pad) is None
 
 
+@needs("vnni_conv_fwd")
 @pytest.mark.parametrize("N, Ci, Co, H, W, T, k, stride, pad", [
     (4, 16, 32, 4, 4, 16, 3, 1, 1),  # the digits CNN's second layer
     (3, 70, 20, 5, 4, 19, 3, 2, 1),  # stride 2, channels not a multiple of 4, T not a multiple of 16
@@ -216,8 +237,6 @@ def test_8bit_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad):
     ref = torch.nn.functional.conv3d(x, w, None, (stride, stride, 1), (pad, pad, 0))
     w4 = w.reshape(w.shape[:4]).contiguous()
     z = fast_cuba._ext.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.0)
-    if z is None:
-        pytest.skip("the 8-bit synapse kernel needs AVX-512 VNNI")
     assert_identical(ref, z, "conv output")
     # declines (the caller tries the next kernel) when 8-bit products cannot give the exact sum
     assert fast_cuba._ext.vnni_conv_fwd(x * 0.5 + (x == 0) * 0.25, w4, stride, stride, pad, pad, 0.0) is None
@@ -228,6 +247,30 @@ def test_8bit_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad):
     # and leaves inputs sparser than min_density (30 % active here) to the spike-driven kernel
     assert fast_cuba._ext.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.4) is None
     assert fast_cuba._ext.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.2) is not None
+
+
+def _optional_kernel_call(kernel, ext):
+    """One call of an optional kernel on inputs every implementation accepts."""
+    x = spikes(2, 16, 4, 4, 16, p=0.1)
+    w = quantize_8bit(torch.randn(32, 16, 3, 3, generator=torch.Generator().manual_seed(0)))
+    g = torch.randn(2, 32, 4, 4, 16)
+    return {
+        "spike_conv_fwd": lambda: ext.spike_conv_fwd(x, w, 1, 1, 1, 1, 1.0),
+        "vnni_conv_fwd": lambda: ext.vnni_conv_fwd(x, w, 1, 1, 1, 1, 0.0),
+        "tlane_conv_fwd": lambda: ext.tlane_conv_fwd(x[:, :4], w[:, :4].contiguous(), 1, 1, 1, 1),
+        "spike_weight_grad": lambda: ext.spike_weight_grad(x, g, 3, 3, 1, 1, 1, 1, 1.0),
+        "tlane_weight_grad": lambda: ext.tlane_weight_grad(x, g, 3, 3, 1, 1, 1, 1),
+        "tlane_input_grad": lambda: ext.tlane_input_grad(g, w, 1, 1),
+        "tlane_input_grad_1x1": lambda: ext.tlane_input_grad_1x1(g, w[:, :, 0, 0].contiguous()),
+    }[kernel]()
+
+
+@pytest.mark.parametrize("kernel", OPTIONAL_KERNELS)
+def test_each_variant_runs_exactly_the_kernels_it_lists(kernel, variant_ext):
+    # kernels() is what the other tests trust: a listed kernel returns a result on a
+    # valid input, one left out declines (the caller falls back to the stock call)
+    listed = kernel in variant_ext.kernels()
+    assert (_optional_kernel_call(kernel, variant_ext) is not None) == listed
 
 
 def test_hooks_on_neurons_still_run():
@@ -312,8 +355,9 @@ def test_trainable_decays_and_graded_spikes_use_exact_fallbacks():
         compare(make, [spikes(3, 12, 9)], expect_grads=grads)
 
 
-def test_digits_cnn_training_step(monkeypatch):
-    counter = _CountingExt(fast_cuba._ext)
+def test_digits_cnn_training_step(monkeypatch, variant_ext):
+    kernels = set(variant_ext.kernels())
+    counter = _CountingExt(variant_ext)
     monkeypatch.setattr(fast_cuba, "_ext", counter)
     pool_calls = []
     monkeypatch.setattr(fast_cuba._PoolFn, "backward", _recording(fast_cuba._PoolFn.backward, pool_calls))
@@ -333,9 +377,9 @@ def test_digits_cnn_training_step(monkeypatch):
     # the fast run really used the fused kernels (4 neuron layers x 2 calls), the time-lane
     # synapse of the one-channel first layer and the pool backward
     assert counter.calls.count("cuba_fwd") == 8 and counter.calls.count("cuba_bwd") == 8
-    assert counter.ran.count("tlane_conv_fwd") == 2
-    if HAS_VNNI:  # the second convolution and the dense layer in 8-bit integers
-        assert counter.ran.count("vnni_conv_fwd") == 4
+    assert counter.ran.count("tlane_conv_fwd") == (2 if "tlane_conv_fwd" in kernels else 0)
+    # the second convolution and the dense layer in 8-bit integers
+    assert counter.ran.count("vnni_conv_fwd") == (4 if "vnni_conv_fwd" in kernels else 0)
     assert len(pool_calls) == 2
 
 
@@ -378,7 +422,7 @@ def neuron_case(params, x, fast):
         ("int32 and int64 tile groups in one call", NEURON, "mixed"),
     ],
 )
-def test_neuron_dynamics_and_spikes(name, params, scale):
+def test_neuron_dynamics_and_spikes(name, params, scale, variant_ext):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(5, 7, 11, 13, generator=g)
     if scale == "mixed":  # every other 32-neuron group far beyond int32 (neurons are rows of 13 steps)

@@ -1645,6 +1645,21 @@ torch::Tensor vnni_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int6
 }
 #endif
 
+// The optional kernels this build runs (the others return None everywhere and the
+// caller takes the next kernel or the stock call); the tests check exactly these.
+std::vector<std::string> kernels() {
+  std::vector<std::string> k;
+#if defined(__AVX512F__)
+  for (const char* n : {"spike_conv_fwd", "spike_weight_grad", "tlane_conv_fwd", "tlane_input_grad_1x1",
+                        "tlane_weight_grad", "tlane_input_grad"})
+    k.push_back(n);
+#endif
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+  k.push_back("vnni_conv_fwd");
+#endif
+  return k;
+}
+
 // Pooling synapse (SLAYER Pool: conv3d over [N, 1, C*H, W, T] with kernel ==
 // stride (KH, KW, 1), no padding): windows do not overlap.
 // Forward: z[n,c,ho,wo,t] = sum_{i,j} x[n,c,ho*KH+i,wo*KW+j,t] * w[i][j] for 0/1
@@ -1731,7 +1746,7 @@ torch::Tensor pool_bwd(torch::Tensor g, torch::Tensor w, int64_t H, int64_t W) {
 
 _FUNCTIONS = ["li_fwd", "li_bwd", "cuba_fwd", "cuba_bwd", "shift1", "spike_conv_fwd", "spike_weight_grad",
               "tlane_conv_fwd", "vnni_conv_fwd", "tlane_weight_grad", "tlane_input_grad_1x1", "pool_fwd", "pool_bwd",
-              "surrogate_exp_tensor", "tlane_input_grad"]
+              "surrogate_exp_tensor", "tlane_input_grad", "kernels"]
 
 _ext = None
 _ext_error: str | None = None
@@ -1740,28 +1755,63 @@ _lock = threading.Lock()
 
 # No -ffast-math and no FMA contraction: the kernels must round exactly like torch.
 _CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
-if __import__("platform").machine() in ("x86_64", "AMD64"):
-    _CFLAGS += ["-march=native", "-mprefer-vector-width=512"]  # cache key includes the CPU
+# Instruction-set variants, each built with its own flags and cached apart. On x86-64
+# the psABI levels (not -march=native, whose code may not run on another CPU that
+# shares the cache folder); "generic" is the compiler's baseline for any machine.
+VARIANTS = {
+    "generic": [],
+    "x86-64-v2": ["-march=x86-64-v2"],
+    "x86-64-v3": ["-march=x86-64-v3"],
+    "x86-64-v4": ["-march=x86-64-v4", "-mprefer-vector-width=512"],
+    "x86-64-v4+vnni": ["-march=x86-64-v4", "-mavx512vnni", "-mprefer-vector-width=512"],
+}
+# /proc/cpuinfo flags each x86-64 variant needs (gcc's definition of the levels)
+_NEEDS = {
+    "x86-64-v2": {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"},
+    "x86-64-v3": {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"},
+    "x86-64-v4": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"},
+    "x86-64-v4+vnni": {"avx512_vnni"},
+}
+_ORDER = ["x86-64-v2", "x86-64-v3", "x86-64-v4", "x86-64-v4+vnni"]  # each needs the ones before
 
 
-def _cpu_signature() -> str:
-    """CPU model and flags: the extension is built with -march=native, so a cached
-    build is only reused on the same kind of CPU."""
+def runnable_variants() -> list[str]:
+    """The variants this CPU can execute, lowest first ("generic" always)."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return ["generic"]
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            lines = [ln for ln in fh.read().splitlines() if ln.startswith(("model name", "flags"))]
-        return "\n".join(sorted(set(lines)))
-    except OSError:
-        import platform
+            flags = next((ln.split(":", 1)[1].split() for ln in fh if ln.startswith("flags")), [])
+    except OSError:  # not Linux: torch's own CPU probe
+        cap = torch.backends.cpu.get_cpu_capability()
+        levels = {"AVX2": 2, "AVX512": 3}.get(cap, 0)
+        return ["generic"] + _ORDER[:levels]
+    have, out = set(flags), ["generic"]
+    for name in _ORDER:
+        if not _NEEDS[name] <= have:
+            break
+        out.append(name)
+    return out
 
-        return platform.processor()
+
+def default_variant() -> str:
+    """NEUROFED_KERNELS if set, else the highest variant this CPU runs."""
+    forced = os.environ.get("NEUROFED_KERNELS")
+    if forced:
+        if forced not in VARIANTS:
+            raise ValueError(f"NEUROFED_KERNELS={forced!r}; allowed: {', '.join(VARIANTS)}")
+        return forced
+    return runnable_variants()[-1]
 
 
-def _module_name() -> str:
+def _module_name(variant: str) -> str:
     import hashlib
 
-    key = "\n".join([_CPP, " ".join(_CFLAGS), torch.__version__, _cpu_signature()])
-    return f"{_NAME}_{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+    key = "\n".join([_CPP, " ".join(_CFLAGS + VARIANTS[variant]), torch.__version__])
+    tag = variant.replace("-", "").replace("+", "_")
+    return f"{_NAME}_{tag}_{hashlib.sha1(key.encode()).hexdigest()[:12]}"
 
 
 def _cache_dir(name: str) -> str:
@@ -1773,32 +1823,51 @@ def _cache_dir(name: str) -> str:
     return path
 
 
-def build(verbose: bool = False):
-    """Compile (or load the cached) C++ extension; return it, or None on failure.
+_variants: dict = {}  # variant -> built module
 
-    The first build takes about half a minute; later calls load the cached library."""
-    global _ext, _ext_error
+
+def build_variant(variant: str, verbose: bool = False):
+    """Compile (or load the cached) extension for one variant and return it; raises
+    if it cannot be built. A variant the CPU cannot run may be built, not called."""
+    if variant not in VARIANTS:
+        raise ValueError(f"fast_cuba.build_variant: variant={variant!r}; allowed: {', '.join(VARIANTS)}")
     with _lock:
-        if _ext is not None or _ext_error is not None:
-            return _ext
-        try:
+        if variant not in _variants:
             from torch.utils.cpp_extension import load_inline
 
-            name = _module_name()
-            _ext = load_inline(
+            name = _module_name(variant)
+            _variants[variant] = load_inline(
                 name=name,
                 cpp_sources=[_CPP],
                 functions=_FUNCTIONS,
-                extra_cflags=_CFLAGS,
+                extra_cflags=_CFLAGS + VARIANTS[variant],
                 extra_ldflags=["-fopenmp"],
                 build_directory=_cache_dir(name),
                 verbose=verbose,
             )
-        except Exception as exc:  # no compiler, no headers, ...
-            msg = str(exc).strip().splitlines()
-            _ext_error = f"{type(exc).__name__}: {msg[-1] if msg else ''}"
-            _ext = None
+        return _variants[variant]
+
+
+variant: str | None = None  # the variant build() loaded
+
+
+def build(verbose: bool = False):
+    """Compile (or load the cached) C++ extension for :func:`default_variant`; return
+    it, or None on failure.
+
+    The first build takes about half a minute; later calls load the cached library."""
+    global _ext, _ext_error, variant
+    if _ext is not None or _ext_error is not None:
         return _ext
+    try:
+        name = default_variant()
+        _ext = build_variant(name, verbose=verbose)
+        variant = name
+    except Exception as exc:  # no compiler, no headers, ...
+        msg = str(exc).strip().splitlines()
+        _ext_error = f"{type(exc).__name__}: {msg[-1] if msg else ''}"
+        _ext = None
+    return _ext
 
 
 def is_available() -> bool:
