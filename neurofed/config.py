@@ -90,7 +90,8 @@ DEFAULTS: dict[str, Any] = {
         "momentum": 0.0,
         "weight_decay": 0.0,
         "straggler_prob": 0.0,
-        "update_noise": 0.0,
+        "update_noise": 0.0,  # FedSNN Fig. 8b noise strength s (see update_noise_mode)
+        "update_noise_mode": "relative",  # relative: N(0,1)·s·mean|update| per tensor | absolute: N(0,1)·s
         "ldp_laplace": 0.0,  # FedLEC Eq. 16: Laplace(0, δ) added to every upload
         "target_accuracy": None,
         "logit_scale": 1.0,
@@ -270,6 +271,7 @@ def _checks() -> dict[str, Check]:
         "federation.weight_decay": number(0),
         "federation.straggler_prob": number(0, 1),
         "federation.update_noise": number(0),
+        "federation.update_noise_mode": choice(("relative", "absolute")),
         "federation.ldp_laplace": number(0),
         "federation.target_accuracy": number(0, 1, nullable=True),
         "federation.logit_scale": number(0, lo_open=True),

@@ -354,3 +354,28 @@ def test_laplace_noise_is_added_to_the_upload_of_any_algorithm(tiny_cfg, name):
     for c, z in zip(clean.last_results, noisy.last_results):
         diff = (z.params - c.params).astype(np.float64)
         assert np.abs(diff).mean() == pytest.approx(0.05, rel=0.15)
+
+
+# --------------------------------------------------------------------------- FedSNN update noise
+
+
+def test_update_noise_is_relative_to_each_tensor_s_mean_update_by_default():
+    # FedSNN Fig. 8b (authors' code): noise_t = N(0,1) · s · mean|Δ_t| per tensor.
+    from neurofed.fl.seeds import seed_for
+
+    spec = ParamSpec(("a", "b"), ((2,), (2,)))
+    glob = np.array([1.0, 1.0, 0.0, 0.0], np.float32)
+    upload = np.array([2.0, -2.0, 0.5, -0.5], np.float32)  # mean|Δ|: a = (1 + 3)/2 = 2, b = 0.5
+    z = np.random.default_rng(seed_for(1234, "update_noise")).normal(0.0, 1.0, 4)
+
+    def noised(**fed):
+        cfg = load_config(None, [f"federation.{k}={v}" for k, v in fed.items()])
+        client = Client(cfg, spec, lambda: None)
+        client.round_config = {"seed": 1234}
+        return client.add_update_noise(upload, glob).astype(np.float64)
+
+    np.testing.assert_allclose(noised(update_noise=0.5), upload + z * 0.5 * np.array([2, 2, 0.5, 0.5]), rtol=1e-6)
+    np.testing.assert_allclose(noised(update_noise=0.5, update_noise_mode="absolute"), upload + z * 0.5, rtol=1e-6)
+    assert np.array_equal(noised(update_noise=0.0), upload)
+    with pytest.raises(ConfigError, match="federation.update_noise_mode"):
+        load_config(None, ["federation.update_noise_mode=gaussian"])

@@ -125,13 +125,24 @@ class Client:
         return local_flat
 
     def add_update_noise(self, upload: np.ndarray, global_flat: np.ndarray) -> np.ndarray:
-        """FedSNN's gradient-noise study: N(0, 1)·σ added to the uploaded update
-        (``federation.update_noise`` = σ), seeded from the round's client seed."""
-        sigma = self.cfg["federation"].get("update_noise", 0.0)
-        if not sigma:
+        """FedSNN's gradient-noise study (Venkatesha et al. 2021, Sec. IV-E, Fig. 8b):
+        N(0, 1) · strength added to the uploaded update, seeded from the round's client seed.
+
+        ``federation.update_noise_mode: relative`` (default, the authors' code): per tensor
+        the strength s = ``federation.update_noise`` is scaled by the mean magnitude of this
+        client's update of that tensor, noise_t = N(0, 1) · s · mean|w_t − w_t^global|
+        (Fig. 8b's strengths 0…4); ``absolute``: noise = N(0, 1) · s on every value."""
+        strength = self.cfg["federation"].get("update_noise", 0.0)
+        if not strength:
             return upload
         rng = np.random.default_rng(seed_for(int(self.round_config["seed"]), "update_noise"))
-        return upload + rng.normal(0.0, sigma, size=upload.shape).astype(np.float32)
+        noise = rng.normal(0.0, 1.0, size=upload.shape) * strength
+        if self.cfg["federation"].get("update_noise_mode", "relative") == "relative":
+            delta = np.abs(upload.astype(np.float64) - global_flat)
+            offsets = self.spec.offsets
+            scale = np.add.reduceat(delta, offsets[:-1]) / self.spec.sizes  # mean |Δ| per tensor
+            noise *= np.repeat(scale, self.spec.sizes)
+        return upload + noise.astype(np.float32)
 
     def add_privacy_noise(self, upload: np.ndarray) -> np.ndarray:
         """Laplace local differential privacy, FedLEC Eq. 16 (Yu et al., IJCAI 2025):
