@@ -87,6 +87,9 @@ DEFAULTS: dict[str, Any] = {
         "optimizer": "adam",
         "lr": 0.001,
         "lr_decay": 1.0,  # per-round factor: round r trains with lr · lr_decay^(r−1)
+        # step schedule (FedSNN Sec. IV-A: [40, 60, 80], 0.2): lr × lr_gamma after each milestone round
+        "lr_milestones": [],
+        "lr_gamma": 0.1,
         "momentum": 0.0,
         "weight_decay": 0.0,
         "straggler_prob": 0.0,
@@ -212,6 +215,13 @@ def _ratio(v):
     return "expected two positive numbers [n1, n2]"
 
 
+def _milestones(v):
+    if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v) \
+            and v == sorted(set(v)):
+        return None
+    return "expected a list of increasing round numbers >= 1 (the lr is multiplied by federation.lr_gamma after each)"
+
+
 def _optional_str(v):
     return None if v is None or isinstance(v, str) else "expected a path or null"
 
@@ -267,6 +277,8 @@ def _checks() -> dict[str, Check]:
         "federation.optimizer": choice(OPTIMIZERS),
         "federation.lr": number(0, lo_open=True),
         "federation.lr_decay": number(0, 1, lo_open=True),
+        "federation.lr_milestones": _milestones,
+        "federation.lr_gamma": number(0, lo_open=True),
         "federation.momentum": number(0, 1),
         "federation.weight_decay": number(0),
         "federation.straggler_prob": number(0, 1),

@@ -379,3 +379,21 @@ def test_update_noise_is_relative_to_each_tensor_s_mean_update_by_default():
     assert np.array_equal(noised(update_noise=0.0), upload)
     with pytest.raises(ConfigError, match="federation.update_noise_mode"):
         load_config(None, ["federation.update_noise_mode=gaussian"])
+
+
+def test_step_lr_schedule_multiplies_by_gamma_after_each_milestone(tiny_cfg):
+    # FedSNN Sec. IV-A: "reduced by a factor of 5 after 40, 60, and 80 epochs".
+    from neurofed.algorithms.base import Server, round_lr
+
+    fed = {"lr": 0.1, "lr_milestones": [40, 60, 80], "lr_gamma": 0.2}
+    assert [round_lr(fed, r) for r in (1, 40)] == [0.1, 0.1]
+    assert round_lr(fed, 41) == pytest.approx(0.02)
+    assert round_lr(fed, 61) == pytest.approx(0.004)
+    assert round_lr(fed, 100) == pytest.approx(0.1 / 125)
+    assert round_lr({**fed, "lr_decay": 0.5}, 41) == pytest.approx(0.02 * 0.5 ** 40)
+    cfg = tiny_cfg(**{"federation.lr": 0.1, "federation.lr_milestones": "[1]", "federation.lr_gamma": 0.2})
+    server = Server(cfg, ParamSpec(("w",), ((1,),)), np.zeros(1), 4)
+    assert "lr" not in server.client_config(1, 0)  # round 1 trains at federation.lr
+    assert server.client_config(2, 0)["lr"] == pytest.approx(0.02)
+    with pytest.raises(ConfigError, match="federation.lr_milestones"):
+        load_config(None, ["federation.lr_milestones=[60, 40]"])

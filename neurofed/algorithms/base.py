@@ -81,7 +81,7 @@ class Client:
         if len(data.y) == 0:
             raise ValueError(f"client {data.cid} has no training samples")  # would divide FedAvg by zero
         run_cfg = self.cfg
-        if "lr" in config:  # the server's per-round learning rate (federation.lr_decay)
+        if "lr" in config:  # the server's per-round learning rate (round_lr)
             run_cfg = {**self.cfg, "federation": {**self.cfg["federation"], "lr": float(config["lr"])}}
         metrics = train_local(model, data.x, data.y, run_cfg, self, seed=int(config["seed"]))
         local_flat = self.spec.get(model)
@@ -180,10 +180,9 @@ class Server:
 
     def client_config(self, rnd: int, cid: int) -> dict:
         config = {"round": rnd, "seed": seed_for(self.cfg["seed"], "fit", rnd, cid)}
-        fed = self.cfg["federation"]
-        decay = fed.get("lr_decay", 1.0)
-        if decay != 1.0:  # exponential decay over rounds: lr_r = lr · decay^(r−1)
-            config["lr"] = fed["lr"] * decay ** (rnd - 1)
+        lr = round_lr(self.cfg["federation"], rnd)
+        if lr != self.cfg["federation"]["lr"]:
+            config["lr"] = lr
         return config
 
     def message(self) -> dict[str, np.ndarray]:
@@ -212,6 +211,18 @@ class Server:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.params = np.asarray(state["params"], dtype=np.float32)
+
+
+def round_lr(fed: dict, rnd: int) -> float:
+    """The learning rate of round ``rnd`` (1-based): lr · lr_decay^(r−1) · lr_gamma^k,
+    k = the number of ``federation.lr_milestones`` m with m < r.
+
+    ``lr_decay`` is an exponential decay per round; ``lr_milestones``/``lr_gamma`` the step
+    schedule (as torch's MultiStepLR, counted in rounds): FedSNN Sec. IV-A reduces its SNN
+    lr (0.1, SGD) "by a factor of 5 after 40, 60, and 80 epochs" of its 100 rounds, i.e.
+    ``lr_milestones: [40, 60, 80], lr_gamma: 0.2``."""
+    steps = sum(1 for m in fed.get("lr_milestones") or () if m < rnd)
+    return fed["lr"] * fed.get("lr_decay", 1.0) ** (rnd - 1) * fed.get("lr_gamma", 1.0) ** steps
 
 
 # Parameters per block of weighted_average: the clients' slices of one block (5 clients:

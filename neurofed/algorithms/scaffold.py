@@ -36,7 +36,7 @@ class ScaffoldClient(Client):
     Adam's preconditioner. After K local steps (option II):
     c_i⁺ = c_i − c + (x − y_i)/(K η_l), kept in ``state["c_i"]`` (a flat float32
     vector; zero before a client's first round). η_l is this round's learning rate
-    (``federation.lr``, times ``lr_decay`` per round).
+    (``federation.lr`` with its schedule, :func:`neurofed.algorithms.base.round_lr`).
     """
 
     def begin(self, model) -> None:
