@@ -397,3 +397,16 @@ def test_step_lr_schedule_multiplies_by_gamma_after_each_milestone(tiny_cfg):
     assert server.client_config(2, 0)["lr"] == pytest.approx(0.02)
     with pytest.raises(ConfigError, match="federation.lr_milestones"):
         load_config(None, ["federation.lr_milestones=[60, 40]"])
+
+
+def test_scaffold_variates_come_from_the_noised_upload_on_both_sides(tiny_cfg):
+    # The server's Δc_i and the client's stored c_i from the same (noised) y_i: c = (1/N) Σ c_i.
+    sc = one_round(tiny_cfg(**{"algorithm.name": "scaffold", "federation.ldp_laplace": 0.05,
+                               "federation.update_noise": 0.5}))
+    lr, x0 = sc.cfg["federation"]["lr"], sc.initial.astype(np.float64)
+    expected_c = np.zeros(sc.spec.size)
+    for r in sc.last_results:  # r.params: what the server received, noise included
+        c_i = (x0 - r.params) / (r.metrics["steps"] * lr)
+        np.testing.assert_allclose(sc.client_states[r.cid]["c_i"], c_i, rtol=1e-5, atol=1e-5)
+        expected_c += c_i / sc.server.num_clients
+    np.testing.assert_allclose(sc.server.c, expected_c, rtol=1e-5, atol=1e-5)

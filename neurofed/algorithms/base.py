@@ -88,6 +88,7 @@ class Client:
         upload = self.finish(model, local_flat, metrics)
         upload = self.add_update_noise(upload, global_flat)
         upload = self.add_privacy_noise(upload)
+        self.uploaded(upload, metrics)
         metrics["label_counts"] = data.label_counts
         return self.spec.unpack(upload), int(len(data.y)), metrics
 
@@ -123,6 +124,10 @@ class Client:
 
     def finish(self, model, local_flat: np.ndarray, metrics: dict) -> np.ndarray:
         return local_flat
+
+    def uploaded(self, upload: np.ndarray, metrics: dict) -> None:
+        """Called with exactly what leaves the client (after update and privacy noise):
+        local state derived from the upload (SCAFFOLD's c_i) is derived from this."""
 
     def add_update_noise(self, upload: np.ndarray, global_flat: np.ndarray) -> np.ndarray:
         """FedSNN's gradient-noise study (Venkatesha et al. 2021, Sec. IV-E, Fig. 8b):
