@@ -359,3 +359,15 @@ def test_resume_is_exact_and_run_writes_coverage(tmp_path, tiny_cfg, extra):
     sb = pickle.loads((tmp_path / "part" / "checkpoint.pkl").read_bytes())["server"]
     for k in sa:
         np.testing.assert_array_equal(np.asarray(sa[k]), np.asarray(sb[k]))
+
+
+def test_divfl_round_one_straggler_stays_in_the_ground_set():
+    # Client 3 straggled in round 1 (no update: Δ_3 = 0). Updates 0: (1, 0), 1: (1, 0),
+    # 2: (1, 0.1). Distances to 3: 1, 1, √1.01; C = √1.01. Greedy P = 2: column sums of
+    # sim pick 0 first (4C − 1.1); then client 3 gains C − (C − 1) = 1 on its own row,
+    # client 2 only 0.1 on row 2, so S = {0, 3}. Selecting among repliers only gave {0, 2}.
+    cfg = {"seed": 0, "federation": {"clients_per_round": 2}, "algorithm": {"name": "divfl"}}
+    server = DivFLServer(cfg, ParamSpec(("w",), ((2,),)), np.zeros(2), num_clients=4)
+    ups = {0: [1.0, 0.0], 1: [1.0, 0.0], 2: [1.0, 0.1]}
+    server.aggregate(1, [FitResult(c, np.array(u, np.float32), 10, {}) for c, u in ups.items()])
+    assert [c for c, _ in server.configure(2)] == [0, 3]

@@ -185,9 +185,11 @@ class Server:
 
     def client_config(self, rnd: int, cid: int) -> dict:
         config = {"round": rnd, "seed": seed_for(self.cfg["seed"], "fit", rnd, cid)}
-        lr = round_lr(self.cfg["federation"], rnd)
-        if lr != self.cfg["federation"]["lr"]:
-            config["lr"] = lr
+        fed = self.cfg["federation"]
+        if fed.get("lr_decay", 1.0) != 1.0 or fed.get("lr_milestones"):
+            lr = round_lr(fed, rnd)
+            if lr != fed["lr"]:
+                config["lr"] = lr
         return config
 
     def message(self) -> dict[str, np.ndarray]:
