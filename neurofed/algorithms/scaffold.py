@@ -106,7 +106,10 @@ class ScaffoldServer(Server):
 
 class Scaffold(FedAvg):
     """Server: :class:`ScaffoldServer` (variate c, checkpointed). Client:
-    :class:`ScaffoldClient` (variate c_i in the per-client state)."""
+    :class:`ScaffoldClient` (variate c_i in the per-client state).
+
+    Default η_g = 1 (SCAFFOLD's experiments, and a FedAvg-shaped server step as in the
+    FedLEC baselines, whose paper prints no SCAFFOLD settings)."""
 
     name = "scaffold"
     Server = ScaffoldServer
