@@ -109,7 +109,10 @@ DEFAULTS: dict[str, Any] = {
     "lava": {"samples": 0, "backend": "fixed_pt"},
     # After training (and export/Lava): energy.json per hw profile; the first is the headline.
     "energy": {"enabled": True, "profiles": ["cmos45_int", "cmos45_fp32", "loihi", "truenorth", "loihi2"],
-               "spikes": "torch"},  # torch: exact per-position counts on the test set; lava: lava.json
+               "spikes": "torch",  # torch: exact per-position counts on the test set; lava: lava.json
+               # exact: measured synaptic ops | paper: the headline by the algorithm's paper's formula
+               # (FedSNN Sec. IV-F, SFedCA Eq. 13, SFedHIFI Eq. 15-16; neurofed.energy.conventions)
+               "convention": "exact"},
 }
 
 OPTIMIZERS = ("adam", "sgd")
@@ -296,6 +299,7 @@ def _checks() -> dict[str, Check]:
         "energy.enabled": boolean,
         "energy.profiles": _energy_profiles,
         "energy.spikes": choice(("auto", "torch", "lava")),
+        "energy.convention": choice(("exact", "paper")),
     }
 
 
