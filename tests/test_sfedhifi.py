@@ -226,8 +226,23 @@ def test_one_message_for_all_clients_is_refused(tiny_cfg):
         _server(tiny_cfg).message()
 
 
-def test_every_round_has_every_width_and_fixed_widths_stay(tiny_cfg):
+def test_selection_is_p_of_n_at_random_as_the_paper_by_default(tiny_cfg):
+    # "5 active clients are randomly selected": FedAvg's uniform draw, whatever the widths.
+    from neurofed.fl.seeds import rng_for
+
     server = _server(tiny_cfg)
+    missing = 0
+    for rnd in range(1, 30):
+        plan = server.configure(rnd)
+        draw = np.sort(rng_for(server.cfg["seed"], "select", rnd).choice(8, size=5, replace=False))
+        assert [c for c, _ in plan] == draw.tolist()
+        assert all(c["width"] == server.assigned[cid] for cid, c in plan)
+        missing += {c["width"] for _, c in plan} != set(WIDTHS)
+    assert missing > 0  # 5 of 8 with two clients per width: some rounds lack a width
+
+
+def test_every_round_has_every_width_and_fixed_widths_stay(tiny_cfg):
+    server = _server(tiny_cfg, **{"algorithm.selection": "cover_widths"})
     seen: dict[int, float] = {}
     for rnd in range(1, 30):
         plan = server.configure(rnd)
@@ -237,7 +252,7 @@ def test_every_round_has_every_width_and_fixed_widths_stay(tiny_cfg):
             assert server.spec_for(c) is server.specs[c["width"]]
             assert server.message_for(cid, c)["blocks.1.synapse.mix"].shape[0] == round(16 * c["width"])
     assert sorted(np.unique(server.assigned, return_counts=True)[1]) == [2, 2, 2, 2]  # balanced draw
-    server = _server(tiny_cfg, **{"algorithm.assign": "round"})
+    server = _server(tiny_cfg, **{"algorithm.assign": "round", "algorithm.selection": "cover_widths"})
     assert server.assigned is None
     assert all({c["width"] for _, c in server.configure(r)} == set(WIDTHS) for r in range(1, 10))
 
@@ -329,8 +344,9 @@ def test_fusion_rebuilds_the_chosen_mix_of_every_width_and_nothing_else(tiny_cfg
 def test_config_errors_name_the_key(tiny_cfg):
     with pytest.raises(ConfigError, match="model.width: got 0.3"):
         tiny_cfg(**{"algorithm.name": "sfedhifi", "model.name": "test_tiny_hifi", "model.width": 0.3})
-    with pytest.raises(ConfigError, match="federation.clients_per_round: got 2"):
-        tiny_cfg(**{"algorithm.name": "hetero_fedavg", "model.width": 1.0})
+    with pytest.raises(ConfigError, match="federation.clients_per_round: got 2; with selection cover_widths"):
+        tiny_cfg(**{"algorithm.name": "hetero_fedavg", "model.width": 1.0, "algorithm.selection": "cover_widths"})
+    tiny_cfg(**{"algorithm.name": "hetero_fedavg", "model.width": 1.0})  # random selection: 2 of 4 is fine
     with pytest.raises(ConfigError, match="model.name: got 'mlp'.*factorized"):
         tiny_cfg(**{"algorithm.name": "sfedhifi", "model.width": 1.0, "federation.clients_per_round": 4})
     with pytest.raises(ConfigError, match="algorithm.fusion: got 'best'"):
@@ -347,7 +363,7 @@ def test_a_heterogeneous_run_reports_accuracy_per_width(name, tiny_cfg, tmp_path
     extra = {"algorithm.rate_samples": 16, "export": True} if name == "sfedhifi" else {"energy.enabled": False}
     cfg = tiny_cfg(**{"algorithm.name": name, "model.name": "test_tiny_hifi", "model.width": 0.5,
                       "model.threshold": 0.5, "partition.num_clients": 8, "federation.clients_per_round": 4,
-                      **extra})
+                      "algorithm.selection": "cover_widths", **extra})
     summary = run(cfg, tmp_path, progress=False)
     assert set(summary["accuracy_per_width"]) == {"0.25", "0.5", "0.75", "1"}
     assert summary["final_accuracy"] == pytest.approx(np.mean(list(summary["accuracy_per_width"].values())))

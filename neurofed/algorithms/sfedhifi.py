@@ -27,10 +27,13 @@ norm is the mean squared entry, the authors' ``nn.MSELoss``; zero without banks)
 
 Width assignment (``algorithm.assign``): ``fixed`` (the paper's text: clients are
 clustered by their resources) — client i has ``client_widths[i]``, or, when that is
-null, a seeded balanced draw (every width on ⌊N/|p|⌋ or ⌈N/|p|⌉ clients); the selection
-is redrawn until every width is among the round's participants. ``round`` (the
-authors' code) — the P selected clients draw widths uniformly, redrawn until every
-width appears. Either way every width's global model is updated every round.
+null, a seeded balanced draw (every width on ⌊N/|p|⌋ or ⌈N/|p|⌉ clients). ``round``
+(the authors' code) — the P selected clients draw widths uniformly. Selection
+(``algorithm.selection``): ``random`` (the paper: "5 active clients are randomly
+selected" of 10) — a width no participant has keeps its model that round (SFedHIFI
+still gives it the new banks and fuses its M); ``cover_widths`` — the draw (and, with
+``assign: round``, the widths) is repeated until every width is among the participants,
+so every width's global model is updated every round.
 
 Server-side choices (see :class:`SFedHIFIServer`): averages are uniform over
 clients as in Eq. 5–6 (``weighting: samples`` weights by n_k); firing rates for Eq. 7
@@ -175,6 +178,7 @@ HETERO_DEFAULTS: dict[str, Any] = {
     "client_widths": None,  # assign fixed: one width per client; null: a balanced seeded draw
     "loss": "tet",  # tet (Eq. 14) | rate (cross-entropy of the spike-rate logits)
     "orth_lambda": 0.1,  # λ of Eq. 13 (the authors' Fashion-MNIST runs, baselines included)
+    "selection": "random",  # random (the paper: 5 of 10 at random) | cover_widths (redraw until every width)
 }
 HETERO_CHECKS = {
     "widths": _widths,
@@ -182,6 +186,7 @@ HETERO_CHECKS = {
     "client_widths": _client_widths,
     "loss": choice(("tet", "rate")),
     "orth_lambda": number(0),
+    "selection": choice(("random", "cover_widths")),
 }
 SFEDHIFI_DEFAULTS: dict[str, Any] = {
     **HETERO_DEFAULTS,
@@ -235,9 +240,10 @@ class HeteroConfig:
         if float(model["width"]) not in widths:
             problems.append(f"model.width: got {model['width']!r}; with {cls.name} it names the global model that is "
                             f"exported and measured, so it must be one of algorithm.widths {a['widths']}")
-        if fed["clients_per_round"] < len(widths):
-            problems.append(f"federation.clients_per_round: got {fed['clients_per_round']}; every width must be among "
-                            f"each round's clients, so at least len(algorithm.widths) = {len(widths)}")
+        if a["selection"] == "cover_widths" and fed["clients_per_round"] < len(widths):
+            problems.append(f"federation.clients_per_round: got {fed['clients_per_round']}; with selection "
+                            f"cover_widths every width must be among each round's clients, so at least "
+                            f"len(algorithm.widths) = {len(widths)}")
         if a["assign"] == "fixed":
             cw = a["client_widths"]
             if cw is None and part["num_clients"] < len(widths):
@@ -412,15 +418,20 @@ class HeteroServer(Server):
         return cycle[rng.permutation(self.num_clients)]
 
     def configure(self, rnd: int) -> list[tuple[int, dict]]:
+        """``algorithm.selection: random`` (the paper: "5 active clients are randomly
+        selected" of 10): P of N uniformly, FedAvg's draw, whatever their widths — a width
+        none of them has keeps its model that round. ``cover_widths``: redrawn until every
+        width is among them (at most ``MAX_DRAWS`` tries)."""
         rng = rng_for(self.cfg["seed"], "select", rnd)
         k = self.num_to_sample()
         chosen = np.sort(rng.choice(self.num_clients, size=k, replace=False))
-        for _ in range(MAX_DRAWS):  # redraw until every width is among the participants
+        cover = self.cfg["algorithm"]["selection"] == "cover_widths"
+        for _ in range(MAX_DRAWS):  # with cover_widths, redraw until every width is among the participants
             if self.assigned is not None:
                 widths = self.assigned[chosen]
             else:
                 widths = rng.choice(np.asarray(self.widths), size=k)
-            if set(widths.tolist()) == set(self.widths):
+            if not cover or set(widths.tolist()) == set(self.widths):
                 break
             if self.assigned is not None:
                 chosen = np.sort(rng.choice(self.num_clients, size=k, replace=False))
