@@ -74,10 +74,12 @@ DEFAULTS: dict[str, Any] = {
         "weight_norm": False,
         "quantize": True,  # 8-bit weights as on Loihi (SLAYER's quantize_8bit hook)
         "dropout": 0.0,
-        # factorized convolutions (hifi_cnn; SFedHIFI Eq. 4): bank filters per width-1 output
-        # channel, input channels per group per width-1 input channel (the authors' values)
+        # factorized convolutions (hifi_cnn; SFedHIFI Eq. 4): bank elements per width-1 output
+        # channel, channels per group per width-1 channel (the authors' values); factorization:
+        # output (Eq. 4: B groups output channels) | input (the authors' code: input channels)
         "bank_fraction": 0.25,
         "group_fraction": 0.125,
+        "factorization": "output",
     },
     "federation": {
         "rounds": 30,
@@ -273,6 +275,7 @@ def _checks() -> dict[str, Check]:
         "model.dropout": number(0, 1),
         "model.bank_fraction": number(0, 1, lo_open=True),
         "model.group_fraction": number(0, 1, lo_open=True),
+        "model.factorization": choice(("output", "input")),
         "federation.rounds": number(1, integer=True),
         "federation.clients_per_round": number(1, integer=True),
         "federation.local_epochs": number(1, integer=True),
