@@ -74,10 +74,12 @@ DEFAULTS: dict[str, Any] = {
         "weight_norm": False,
         "quantize": True,  # 8-bit weights as on Loihi (SLAYER's quantize_8bit hook)
         "dropout": 0.0,
-        # factorized convolutions (hifi_cnn; SFedHIFI Eq. 4): bank filters per width-1 output
-        # channel, input channels per group per width-1 input channel (the authors' values)
+        # factorized convolutions (hifi_cnn; SFedHIFI Eq. 4): bank elements per width-1 output
+        # channel, channels per group per width-1 channel (the authors' values); factorization:
+        # output (Eq. 4: B groups output channels) | input (the authors' code: input channels)
         "bank_fraction": 0.25,
         "group_fraction": 0.125,
+        "factorization": "output",
     },
     "federation": {
         "rounds": 30,
@@ -87,10 +89,14 @@ DEFAULTS: dict[str, Any] = {
         "optimizer": "adam",
         "lr": 0.001,
         "lr_decay": 1.0,  # per-round factor: round r trains with lr · lr_decay^(r−1)
+        # step schedule (FedSNN Sec. IV-A: [40, 60, 80], 0.2): lr × lr_gamma after each milestone round
+        "lr_milestones": [],
+        "lr_gamma": 0.1,
         "momentum": 0.0,
         "weight_decay": 0.0,
         "straggler_prob": 0.0,
-        "update_noise": 0.0,
+        "update_noise": 0.0,  # FedSNN Fig. 8b noise strength s (see update_noise_mode)
+        "update_noise_mode": "relative",  # relative: N(0,1)·s·mean|update| per tensor | absolute: N(0,1)·s
         "ldp_laplace": 0.0,  # FedLEC Eq. 16: Laplace(0, δ) added to every upload
         "target_accuracy": None,
         "logit_scale": 1.0,
@@ -105,7 +111,10 @@ DEFAULTS: dict[str, Any] = {
     "lava": {"samples": 0, "backend": "fixed_pt"},
     # After training (and export/Lava): energy.json per hw profile; the first is the headline.
     "energy": {"enabled": True, "profiles": ["cmos45_int", "cmos45_fp32", "loihi", "truenorth", "loihi2"],
-               "spikes": "torch"},  # torch: exact per-position counts on the test set; lava: lava.json
+               "spikes": "torch",  # torch: exact per-position counts on the test set; lava: lava.json
+               # exact: measured synaptic ops | paper: the headline by the algorithm's paper's formula
+               # (FedSNN Sec. IV-F, SFedCA Eq. 13, SFedHIFI Eq. 15-16; neurofed.energy.conventions)
+               "convention": "exact"},
 }
 
 OPTIMIZERS = ("adam", "sgd")
@@ -211,6 +220,13 @@ def _ratio(v):
     return "expected two positive numbers [n1, n2]"
 
 
+def _milestones(v):
+    if isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v) \
+            and v == sorted(set(v)):
+        return None
+    return "expected a list of increasing round numbers >= 1 (the lr is multiplied by federation.lr_gamma after each)"
+
+
 def _optional_str(v):
     return None if v is None or isinstance(v, str) else "expected a path or null"
 
@@ -259,6 +275,7 @@ def _checks() -> dict[str, Check]:
         "model.dropout": number(0, 1),
         "model.bank_fraction": number(0, 1, lo_open=True),
         "model.group_fraction": number(0, 1, lo_open=True),
+        "model.factorization": choice(("output", "input")),
         "federation.rounds": number(1, integer=True),
         "federation.clients_per_round": number(1, integer=True),
         "federation.local_epochs": number(1, integer=True),
@@ -266,10 +283,13 @@ def _checks() -> dict[str, Check]:
         "federation.optimizer": choice(OPTIMIZERS),
         "federation.lr": number(0, lo_open=True),
         "federation.lr_decay": number(0, 1, lo_open=True),
+        "federation.lr_milestones": _milestones,
+        "federation.lr_gamma": number(0, lo_open=True),
         "federation.momentum": number(0, 1),
         "federation.weight_decay": number(0),
         "federation.straggler_prob": number(0, 1),
         "federation.update_noise": number(0),
+        "federation.update_noise_mode": choice(("relative", "absolute")),
         "federation.ldp_laplace": number(0),
         "federation.target_accuracy": number(0, 1, nullable=True),
         "federation.logit_scale": number(0, lo_open=True),
@@ -282,6 +302,7 @@ def _checks() -> dict[str, Check]:
         "energy.enabled": boolean,
         "energy.profiles": _energy_profiles,
         "energy.spikes": choice(("auto", "torch", "lava")),
+        "energy.convention": choice(("exact", "paper")),
     }
 
 

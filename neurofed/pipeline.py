@@ -66,7 +66,8 @@ def _energy_per_model(out: Path, cfg: dict, exp) -> None:
         model = exp.model_for(model_cfg)
         ParamSpec.from_model(model).set(model, flat)
         maps = measure_torch(model, exp.x_test, cfg["data"], seed_for(cfg["seed"], "eval"), exp.y_test)
-        e = compute_energy(model.layers, maps, profiles, masks=synapse_masks(model))
+        e = compute_energy(model.layers, maps, profiles, masks=synapse_masks(model),
+                           convention=cfg["energy"].get("convention", "exact"), algorithm=cfg["algorithm"]["name"])
         rows[label] = {"accuracy": e["accuracy"], **{k: e[k] for k in ("snn_energy_j", "ann_energy_j", "ann_over_snn",
                                                                         "snn_energy_approx_j")},
                        "synaptic_ops": sum(r["synaptic_ops"] or 0.0 for r in e["layers"]),

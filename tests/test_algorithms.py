@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from neurofed.algorithms import algorithm_names, get_algorithm_class
 from neurofed.algorithms.base import Client, FitResult, weighted_average
 from neurofed.algorithms.fedlc import calibrated_logits
-from neurofed.algorithms.fedlec import aggregate_through_time, calibrated_ce, label_prior, missing_label_kl
+from neurofed.algorithms.fedlec import (aggregate_through_time, calibrated_ce, eq8_loss, eq9_loss, label_prior,
+                                        missing_label_kl)
 from neurofed.algorithms.fednova import effective_steps
 from neurofed.algorithms.fedrs import restricted_logits
 from neurofed.algorithms.scaffold import C_KEY
@@ -40,11 +41,20 @@ def one_round(cfg):
 def test_registered_with_their_config_keys(tiny_cfg):
     assert set(LABEL_SKEW) <= set(algorithm_names())
     expected = {"fedprox": {"mu"}, "scaffold": {"global_lr"}, "fednova": set(), "fedlc": {"tau"},
-                "fedrs": {"alpha"}, "fedlec": {"lambda", "temperature", "prior_smoothing"}}
+                "fedrs": {"alpha"}, "fedlec": {"lambda", "temperature", "prior_smoothing", "lc_form", "ld_form"}}
     for name, keys in expected.items():
         cls = get_algorithm_class(name)
         assert cls.name == name and set(cls.config_defaults) == keys
         assert set(tiny_cfg(**{"algorithm.name": name})["algorithm"]) == keys | {"name"}
+
+
+def test_baseline_defaults_are_the_fedlec_experiments():
+    # The FedLEC authors' main.py: -mu 0.01, -tau 0.01, -strength 0.5, -lamda 0.1.
+    assert get_algorithm_class("fedprox").config_defaults["mu"] == 0.01
+    assert get_algorithm_class("fedlc").config_defaults["tau"] == 0.01
+    assert get_algorithm_class("fedrs").config_defaults["alpha"] == 0.5
+    assert get_algorithm_class("fedlec").config_defaults["lambda"] == 0.1
+    assert get_algorithm_class("scaffold").config_defaults["global_lr"] == 1.0
 
 
 def test_bad_algorithm_keys_are_one_line_errors():
@@ -52,7 +62,7 @@ def test_bad_algorithm_keys_are_one_line_errors():
         load_config(None, ["algorithm.name=fedprox", "algorithm.mu=-1"])
     with pytest.raises(ConfigError, match=r"algorithm\.lambda: got 1\.5; expected <= 1"):
         load_config(None, ["algorithm.name=fedlec", "algorithm.lambda=1.5"])
-    with pytest.raises(ConfigError, match=r"algorithm\.mu: unknown key for fedlec; allowed: lambda, prior_smoothing, temperature"):
+    with pytest.raises(ConfigError, match=r"algorithm\.mu: unknown key for fedlec; allowed: lambda, lc_form, ld_form, prior_smoothing, temperature"):
         load_config(None, ["algorithm.name=fedlec", "algorithm.mu=0.1"])
     with pytest.raises(ConfigError, match=r"federation\.ldp_laplace: got -0\.1; expected >= 0"):
         load_config(None, ["federation.ldp_laplace=-0.1"])
@@ -273,8 +283,41 @@ def test_fedlec_ld_zero_without_missing_labels_positive_with_them():
         assert float(missing_label_kl(student, teacher, missing, t)) == pytest.approx(expected, rel=1e-5)
 
 
+def test_fedlec_lc_literal_eq8_and_logit_adjusted_on_a_client_with_a_missing_label():
+    # counts (3, 1, 0): γ = (3/4, 1/4, 0); C = {0, 1}; label 2 is missing.
+    prior = label_prior([3, 1, 0], 0.0)
+    logits, y = torch.tensor([[1.0, 0.0, 2.0], [0.5, 1.5, 0.0]]), torch.tensor([0, 1])
+    # Eq. 8: sample 1 (e − 3/4) / ((e − 3/4) + (1 − 1/4)); sample 2 (e^1.5 − 1/4) / ((e^.5 − 3/4) + (e^1.5 − 1/4))
+    e = math.exp
+    l1 = -math.log((e(1) - 0.75) / ((e(1) - 0.75) + 0.75))
+    l2 = -math.log((e(1.5) - 0.25) / ((e(0.5) - 0.75) + (e(1.5) - 0.25)))
+    assert float(eq8_loss(logits, y, prior)) == pytest.approx((l1 + l2) / 2, rel=1e-6)
+    # logit-adjusted CE (the option): softmax of f + log γ over C
+    a1 = -math.log(e(1) * 0.75 / (e(1) * 0.75 + e(0) * 0.25))
+    a2 = -math.log(e(1.5) * 0.25 / (e(0.5) * 0.75 + e(1.5) * 0.25))
+    assert float(calibrated_ce(logits, y, prior)) == pytest.approx((a1 + a2) / 2, rel=1e-6)
+    # the missing label's logit is in neither form's sum
+    moved = logits.clone()
+    moved[:, 2] += 5.0
+    for form in (eq8_loss, calibrated_ce):
+        assert float(form(moved, y, prior)) == pytest.approx(float(form(logits, y, prior)), rel=1e-6)
+
+
+def test_fedlec_ld_eq9_with_exactly_one_missing_label():
+    # Eq. 9: softmax over all labels, sum over M = {2}. Same denominators, so
+    # log(q_g[2] / q_l[2]) = 1 − 3 = −2 and L_d = −2 e / (e³ + e² + e).
+    student, teacher = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[3.0, 2.0, 1.0]])
+    missing = np.array([False, False, True])
+    e = math.exp
+    assert float(eq9_loss(student, teacher, missing)) == pytest.approx(-2 * e(1) / (e(3) + e(2) + e(1)), rel=1e-6)
+    assert float(missing_label_kl(student, teacher, missing)) == 0.0  # the restricted option: softmax over {2}
+    assert float(eq9_loss(student, teacher, np.zeros(3, bool))) == 0.0
+
+
 def test_fedlec_teacher_is_a_separate_model_holding_the_global_params(tiny_cfg):
     exp = one_round(tiny_cfg(**{"algorithm.name": "fedlec", "partition.scheme": "cnum"}))
+    assert (exp.client.lc, exp.client.ld) == (eq8_loss, eq9_loss)  # the printed equations by default
+    assert exp.record["att_time_parameters"] == 0  # ATT is FedAvg on SLAYER blocks, and says so
     teacher, student = exp.client._teacher, exp.client.model()
     assert teacher is not student
     assert np.array_equal(exp.spec.get(teacher), exp.initial)  # the round-1 global model
@@ -354,3 +397,59 @@ def test_laplace_noise_is_added_to_the_upload_of_any_algorithm(tiny_cfg, name):
     for c, z in zip(clean.last_results, noisy.last_results):
         diff = (z.params - c.params).astype(np.float64)
         assert np.abs(diff).mean() == pytest.approx(0.05, rel=0.15)
+
+
+# --------------------------------------------------------------------------- FedSNN update noise
+
+
+def test_update_noise_is_relative_to_each_tensor_s_mean_update_by_default():
+    # FedSNN Fig. 8b (authors' code): noise_t = N(0,1) · s · mean|Δ_t| per tensor.
+    from neurofed.fl.seeds import seed_for
+
+    spec = ParamSpec(("a", "b"), ((2,), (2,)))
+    glob = np.array([1.0, 1.0, 0.0, 0.0], np.float32)
+    upload = np.array([2.0, -2.0, 0.5, -0.5], np.float32)  # mean|Δ|: a = (1 + 3)/2 = 2, b = 0.5
+    z = np.random.default_rng(seed_for(1234, "update_noise")).normal(0.0, 1.0, 4)
+
+    def noised(**fed):
+        cfg = load_config(None, [f"federation.{k}={v}" for k, v in fed.items()])
+        client = Client(cfg, spec, lambda: None)
+        client.round_config = {"seed": 1234}
+        return client.add_update_noise(upload, glob).astype(np.float64)
+
+    np.testing.assert_allclose(noised(update_noise=0.5), upload + z * 0.5 * np.array([2, 2, 0.5, 0.5]), rtol=1e-6)
+    np.testing.assert_allclose(noised(update_noise=0.5, update_noise_mode="absolute"), upload + z * 0.5, rtol=1e-6)
+    assert np.array_equal(noised(update_noise=0.0), upload)
+    with pytest.raises(ConfigError, match="federation.update_noise_mode"):
+        load_config(None, ["federation.update_noise_mode=gaussian"])
+
+
+def test_step_lr_schedule_multiplies_by_gamma_after_each_milestone(tiny_cfg):
+    # FedSNN Sec. IV-A: "reduced by a factor of 5 after 40, 60, and 80 epochs".
+    from neurofed.algorithms.base import Server, round_lr
+
+    fed = {"lr": 0.1, "lr_milestones": [40, 60, 80], "lr_gamma": 0.2}
+    assert [round_lr(fed, r) for r in (1, 40)] == [0.1, 0.1]
+    assert round_lr(fed, 41) == pytest.approx(0.02)
+    assert round_lr(fed, 61) == pytest.approx(0.004)
+    assert round_lr(fed, 100) == pytest.approx(0.1 / 125)
+    assert round_lr({**fed, "lr_decay": 0.5}, 41) == pytest.approx(0.02 * 0.5 ** 40)
+    cfg = tiny_cfg(**{"federation.lr": 0.1, "federation.lr_milestones": "[1]", "federation.lr_gamma": 0.2})
+    server = Server(cfg, ParamSpec(("w",), ((1,),)), np.zeros(1), 4)
+    assert "lr" not in server.client_config(1, 0)  # round 1 trains at federation.lr
+    assert server.client_config(2, 0)["lr"] == pytest.approx(0.02)
+    with pytest.raises(ConfigError, match="federation.lr_milestones"):
+        load_config(None, ["federation.lr_milestones=[60, 40]"])
+
+
+def test_scaffold_variates_come_from_the_noised_upload_on_both_sides(tiny_cfg):
+    # The server's Δc_i and the client's stored c_i from the same (noised) y_i: c = (1/N) Σ c_i.
+    sc = one_round(tiny_cfg(**{"algorithm.name": "scaffold", "federation.ldp_laplace": 0.05,
+                               "federation.update_noise": 0.5}))
+    lr, x0 = sc.cfg["federation"]["lr"], sc.initial.astype(np.float64)
+    expected_c = np.zeros(sc.spec.size)
+    for r in sc.last_results:  # r.params: what the server received, noise included
+        c_i = (x0 - r.params) / (r.metrics["steps"] * lr)
+        np.testing.assert_allclose(sc.client_states[r.cid]["c_i"], c_i, rtol=1e-5, atol=1e-5)
+        expected_c += c_i / sc.server.num_clients
+    np.testing.assert_allclose(sc.server.c, expected_c, rtol=1e-5, atol=1e-5)

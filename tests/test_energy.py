@@ -379,3 +379,45 @@ def test_lava_spikes_give_the_torch_count(two_runs):
     for ra, rb in zip(a, b):
         assert ra["synaptic_ops"] == pytest.approx(rb["synaptic_ops"], rel=1e-12)
         assert ra["output_spikes"] == pytest.approx(rb["output_spikes"], rel=1e-12)
+
+
+# --------------------------------------------------------------------------- conventions
+
+
+def test_two_weight_layers_and_a_pool_by_hand_under_each_convention():
+    # conv 1→2 (k 1) on 1×2×2 – pool 2 – flatten – dense 2→1; T = 2, one sample.
+    from neurofed.energy.report import compute_energy
+    from neurofed.energy.spikes import SpikeMaps
+
+    layers = resolve([Layer("conv", 2, kernel=1), Layer("pool", kernel=2, stride=2), Layer("flatten"),
+                      Layer("dense", 1)], (1, 2, 2))
+    maps = SpikeMaps(1, 2, [torch.tensor([[[1.0, 0.0], [2.0, 1.0]]]),  # 4 input spikes: rate 4/(4·2) = 0.5
+                            torch.tensor([[[1.0, 1.0], [0.0, 0.0]], [[1.0, 0.0], [1.0, 0.0]]]),  # 4: rate 0.25
+                            None, torch.tensor([1.0, 1.0])],  # 2 spikes into the dense layer: rate 0.5
+                     [4.0, 2.0, 0.0, 1.0])  # output rates: conv 4/(8·2) = .25, pool 2/(2·2) = .5, dense 1/2
+    fp32 = load_profile("cmos45_fp32")  # E_MAC 4.6 pJ, E_AC 0.9 pJ
+    mac, ac = 4.6 * PJ, 0.9 * PJ
+    # MACs: conv 2·2·1·1·2 = 8, pool 2·1·1·2·2 = 8, dense 2.
+    # exact: conv 4 spikes × 2 outputs = 8, pool 4 × 1 = 4, dense 2 × 1 = 2 → 14 ACs; ANN 18 MACs.
+    exact = compute_energy(layers, maps, [fp32])
+    assert exact["convention"] == "exact"
+    assert exact["snn_energy_j"] == pytest.approx(14 * ac) and exact["ann_energy_j"] == pytest.approx(18 * mac)
+    papers = exact["paper_conventions"]["cmos45_fp32"]
+    # FedSNN: pool left out; conv 8·0.5·2 = 8, dense 2·0.5·2 = 2 ACs; ANN 10 MACs.
+    assert papers["fedsnn"]["snn_energy_j"] == pytest.approx(10 * ac)
+    assert papers["fedsnn"]["ann_energy_j"] == pytest.approx(10 * mac)
+    # SFedCA Eq. 13: R = mean(.25, .5) = .375 over conv and FC; SOPs = .375 · 2 · 10 = 7.5.
+    assert papers["sfedca"]["network_rate"] == pytest.approx(0.375)
+    assert papers["sfedca"]["snn_energy_j"] == pytest.approx(7.5 * ac)
+    assert papers["sfedca"]["ann_energy_j"] == pytest.approx(10 * mac)
+    # SFedHIFI Eq. 15-16: 2(f_in+1)β: conv 2·2·8 = 32, pool 2·5·2 = 20, dense 2·3·1 = 6 → ANN 58 MACs;
+    # SNN: conv 32 MACs + pool 20·.5·2 + dense 6·.5·2 = 26 ACs.
+    assert papers["sfedhifi"]["ann_energy_j"] == pytest.approx(58 * mac)
+    assert papers["sfedhifi"]["snn_energy_j"] == pytest.approx(32 * mac + 26 * ac)
+    # convention paper: the headline is the algorithm's paper, the measured count under "exact"
+    for algorithm, paper in (("fedavg", "fedsnn"), ("sfedca", "sfedca"), ("sfedhifi", "sfedhifi"),
+                             ("hetero_fedavg", "sfedhifi")):
+        e = compute_energy(layers, maps, [fp32], convention="paper", algorithm=algorithm)
+        assert e["paper"] == paper and e["snn_energy_j"] == pytest.approx(papers[paper]["snn_energy_j"])
+        assert e["profiles"]["cmos45_fp32"]["ann_energy_j"] == pytest.approx(papers[paper]["ann_energy_j"])
+        assert e["exact"]["snn_energy_j"] == pytest.approx(14 * ac)

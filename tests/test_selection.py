@@ -359,3 +359,38 @@ def test_resume_is_exact_and_run_writes_coverage(tmp_path, tiny_cfg, extra):
     sb = pickle.loads((tmp_path / "part" / "checkpoint.pkl").read_bytes())["server"]
     for k in sa:
         np.testing.assert_array_equal(np.asarray(sa[k]), np.asarray(sb[k]))
+
+
+def test_divfl_round_one_straggler_stays_in_the_ground_set():
+    # Client 3 straggled in round 1 (no update: Δ_3 = 0). Updates 0: (1, 0), 1: (1, 0),
+    # 2: (1, 0.1). Distances to 3: 1, 1, √1.01; C = √1.01. Greedy P = 2: column sums of
+    # sim pick 0 first (4C − 1.1); then client 3 gains C − (C − 1) = 1 on its own row,
+    # client 2 only 0.1 on row 2, so S = {0, 3}. Selecting among repliers only gave {0, 2}.
+    cfg = {"seed": 0, "federation": {"clients_per_round": 2}, "algorithm": {"name": "divfl"}}
+    server = DivFLServer(cfg, ParamSpec(("w",), ((2,),)), np.zeros(2), num_clients=4)
+    ups = {0: [1.0, 0.0], 1: [1.0, 0.0], 2: [1.0, 0.1]}
+    server.aggregate(1, [FitResult(c, np.array(u, np.float32), 10, {}) for c, u in ups.items()])
+    assert [c for c, _ in server.configure(2)] == [0, 3]
+
+
+def test_sfedca_rates_average_the_weight_layers_only_by_default():
+    # Eq. 11's L layers are those of W = (w^1..w^L): conv and FC; SLAYER's pool has neurons too.
+    from neurofed.algorithms.sfedca import rate_layer_mask
+    from neurofed.fl.train import forward_dataset
+
+    layers = resolve([Layer("conv", 2, kernel=3, padding=1), Layer("pool", kernel=2, stride=2), Layer("flatten"),
+                      Layer("dense", 3)], (1, 4, 4))
+    torch.manual_seed(0)
+    net = SpikingNet(layers, {"quantize": False, "threshold": 0.5, "current_decay": 1.0, "voltage_decay": 1.0})
+    with torch.no_grad():
+        for p in net.parameters():
+            p.abs_().mul_(3.0)  # every layer fires
+    x, y = torch.rand(6, 1, 4, 4), torch.tensor([0, 0, 1, 1, 2, 2])
+    assert rate_layer_mask(net).tolist() == [True, False, True]
+    assert rate_layer_mask(net, "all").tolist() == [True, True, True]
+    _, spikes = forward_dataset(net, x, DIRECT, 1)
+    per_layer = spikes.double() / (torch.tensor(net.neurons_per_layer, dtype=torch.float64) * T)
+    assert per_layer[:, 1].sum() > 0 and not torch.allclose(per_layer[:, 1], per_layer[:, [0, 2]].mean(1))
+    for mask, name in (([0, 2], "weights"), ([0, 1, 2], "all")):
+        expected = per_layer[:, mask].mean(1).reshape(3, 2).mean(1).numpy()
+        np.testing.assert_allclose(class_firing_rates(net, x, y, 3, DIRECT, 1, name), expected, rtol=1e-12)

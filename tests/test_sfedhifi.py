@@ -37,24 +37,44 @@ def _tiny_hifi(p, k):
 register_topology("test_tiny_hifi", _tiny_hifi)
 
 
-def hand_fuse(bank: torch.Tensor, mix: torch.Tensor, c_in: int) -> torch.Tensor:
-    """W[o, c] = Σ_b M[o, c // n, b] · B[b, c % n], written out (Eq. 4)."""
+def hand_fuse(bank: torch.Tensor, mix: torch.Tensor, c_in: int, c_out: int | None = None,
+              layout: str = "input") -> torch.Tensor:
+    """Written out. ``output`` (Eq. 4): W[o, d] = Σ_b M[b, o // a1, d] · B[b, o % a1];
+    ``input`` (the authors' code): W[o, c] = Σ_b M[o, c // n, b] · B[b, c % n]."""
     bank, mix = bank.detach(), mix.detach()
     m, n, k, _ = bank.shape
-    w = torch.zeros(mix.shape[0], c_in, k, k, dtype=torch.float64)
-    for o in range(mix.shape[0]):
+    c_out = mix.shape[0] if layout == "input" else c_out
+    w = torch.zeros(c_out, c_in, k, k, dtype=torch.float64)
+    for o in range(c_out):
         for c in range(c_in):
             for b in range(m):
-                w[o, c] += mix[o, c // n, b].double() * bank[b, c % n].double()
+                if layout == "output":
+                    w[o, c] += mix[b, o // n, c].double() * bank[b, o % n].double()
+                else:
+                    w[o, c] += mix[o, c // n, b].double() * bank[b, c % n].double()
     return w
 
 
 # ----------------------------------------------------------------------------- W = B·M
 
 
+def test_eq4_groups_output_channels_including_a_short_last_group():
+    # B (a2 = 2, a1 = 2, 3, 3); M (a2, C/a1 = 3 groups of 2, 2, 1 output channels, D = 4)
+    torch.manual_seed(0)
+    syn = FactorizedConvSynapse(4, 5, 3, bank_filters=2, group_size=2, layout="output")
+    assert tuple(syn.bank.shape) == (2, 2, 3, 3) and tuple(syn.mix.shape) == (2, 3, 4)
+    w = hand_fuse(syn.bank, syn.mix, 4, 5, "output")
+    np.testing.assert_allclose(syn.weight[..., 0].double().detach(), w, atol=1e-6)
+    # one entry by hand: output 3 = group 1, slot 1: W[3, d] = M[0, 1, d] B[0, 1] + M[1, 1, d] B[1, 1]
+    b, m = syn.bank.detach().double(), syn.mix.detach().double()
+    np.testing.assert_allclose(w[3, 2], m[0, 1, 2] * b[0, 1] + m[1, 1, 2] * b[1, 1], atol=1e-12)
+    x = torch.rand(2, 4, 6, 6, 4)
+    np.testing.assert_allclose(syn(x).detach(), F.conv3d(x, w.float().unsqueeze(-1)), atol=1e-5)
+
+
 def test_fused_weight_is_bank_times_mix_including_a_short_last_group():
     torch.manual_seed(0)
-    syn = FactorizedConvSynapse(5, 3, 3, bank_filters=2, group_size=2)  # groups of 2, 2, 1 input channels
+    syn = FactorizedConvSynapse(5, 3, 3, bank_filters=2, group_size=2, layout="input")  # groups of 2, 2, 1 inputs
     assert tuple(syn.bank.shape) == (2, 2, 3, 3) and tuple(syn.mix.shape) == (3, 3, 2)
     np.testing.assert_allclose(syn.weight[..., 0].double().detach(), hand_fuse(syn.bank, syn.mix, 5), atol=1e-6)
     # the forward pass is the convolution with that kernel
@@ -70,19 +90,24 @@ def test_banks_have_one_shape_for_every_width_and_mixes_do_not():
         shapes[p] = {n: tuple(t.shape) for n, t in model.named_parameters()}
     banks = {n for n in shapes[1.0] if n.endswith(".bank")}
     assert banks == {"blocks.1.synapse.bank", "blocks.3.synapse.bank"}
-    assert shapes[1.0]["blocks.1.synapse.bank"] == (32, 8, 3, 3)  # 0.25·128 filters over groups of 0.125·64
+    # Eq. 4: a2 = 0.25·128 = 32 bank elements of a1 = 0.125·128 = 16 output channels each
+    assert shapes[1.0]["blocks.1.synapse.bank"] == (32, 16, 3, 3)
     assert shapes[1.0]["blocks.3.synapse.bank"] == (32, 16, 3, 3)
     for n in banks:
         assert len({shapes[p][n] for p in WIDTHS}) == 1
-    assert [shapes[p]["blocks.3.synapse.mix"] for p in WIDTHS] == [(32, 2, 32), (64, 4, 32), (96, 6, 32),
-                                                                  (128, 8, 32)]
+    # M^p: a2 × C^p/a1 × D^p
+    assert [shapes[p]["blocks.3.synapse.mix"] for p in WIDTHS] == [(32, 2, 32), (32, 4, 64), (32, 6, 96),
+                                                                  (32, 8, 128)]
     model = build_model({**DEFAULTS["model"], "name": "hifi_cnn", "bank_fraction": 0.5}, (1, 8, 8), 10)
-    assert tuple(model.blocks[1].synapse.bank.shape) == (64, 8, 3, 3)  # model.bank_fraction reaches the layer
+    assert tuple(model.blocks[1].synapse.bank.shape) == (64, 16, 3, 3)  # model.bank_fraction reaches the layer
+    model = build_model({**DEFAULTS["model"], "name": "hifi_cnn", "factorization": "input"}, (1, 8, 8), 10)
+    assert tuple(model.blocks[1].synapse.bank.shape) == (32, 8, 3, 3)  # the authors': groups of 0.125·64 inputs
+    assert tuple(model.blocks[3].synapse.mix.shape) == (128, 8, 32)
     # the digits-scale variant (the benchmark's model): two banks, one shape for every width
     banks = [{n: tuple(t.shape) for n, t in build_model({**DEFAULTS["model"], "name": "hifi_cnn_digits", "width": p},
                                                          (1, 8, 8), 10).named_parameters() if n.endswith(".bank")}
              for p in WIDTHS]
-    assert banks[0] == {"blocks.2.synapse.bank": (8, 2, 3, 3), "blocks.3.synapse.bank": (8, 4, 3, 3)}
+    assert banks[0] == {"blocks.2.synapse.bank": (8, 4, 3, 3), "blocks.3.synapse.bank": (8, 4, 3, 3)}
     assert all(b == banks[0] for b in banks)
 
 
@@ -97,7 +122,8 @@ def test_export_writes_the_fused_quantized_kernel_as_a_standard_conv(tmp_path):
             g = h["layer"][str(i + 1)]
             syn = model.blocks[i].synapse
             assert g["type"][0] == b"conv" and int(g["groups"][()]) == 1
-            expected = quantize_8bit(hand_fuse(syn.bank, syn.mix, syn.in_channels).float(), descale=True)
+            expected = quantize_8bit(hand_fuse(syn.bank, syn.mix, syn.in_channels, syn.out_channels,
+                                               "output").float(), descale=True)
             np.testing.assert_array_equal(g["weight"][()], expected.numpy())
 
 
@@ -226,8 +252,23 @@ def test_one_message_for_all_clients_is_refused(tiny_cfg):
         _server(tiny_cfg).message()
 
 
-def test_every_round_has_every_width_and_fixed_widths_stay(tiny_cfg):
+def test_selection_is_p_of_n_at_random_as_the_paper_by_default(tiny_cfg):
+    # "5 active clients are randomly selected": FedAvg's uniform draw, whatever the widths.
+    from neurofed.fl.seeds import rng_for
+
     server = _server(tiny_cfg)
+    missing = 0
+    for rnd in range(1, 30):
+        plan = server.configure(rnd)
+        draw = np.sort(rng_for(server.cfg["seed"], "select", rnd).choice(8, size=5, replace=False))
+        assert [c for c, _ in plan] == draw.tolist()
+        assert all(c["width"] == server.assigned[cid] for cid, c in plan)
+        missing += {c["width"] for _, c in plan} != set(WIDTHS)
+    assert missing > 0  # 5 of 8 with two clients per width: some rounds lack a width
+
+
+def test_every_round_has_every_width_and_fixed_widths_stay(tiny_cfg):
+    server = _server(tiny_cfg, **{"algorithm.selection": "cover_widths"})
     seen: dict[int, float] = {}
     for rnd in range(1, 30):
         plan = server.configure(rnd)
@@ -237,7 +278,7 @@ def test_every_round_has_every_width_and_fixed_widths_stay(tiny_cfg):
             assert server.spec_for(c) is server.specs[c["width"]]
             assert server.message_for(cid, c)["blocks.1.synapse.mix"].shape[0] == round(16 * c["width"])
     assert sorted(np.unique(server.assigned, return_counts=True)[1]) == [2, 2, 2, 2]  # balanced draw
-    server = _server(tiny_cfg, **{"algorithm.assign": "round"})
+    server = _server(tiny_cfg, **{"algorithm.assign": "round", "algorithm.selection": "cover_widths"})
     assert server.assigned is None
     assert all({c["width"] for _, c in server.configure(r)} == set(WIDTHS) for r in range(1, 10))
 
@@ -273,22 +314,34 @@ def test_tucker_round_trip_of_the_mean_core_at_full_rank_reproduces_identical_in
     out = tucker_fuse({0.25: x, 0.5: x.copy(), 1.0: x.copy()})
     for v in out.values():
         np.testing.assert_allclose(v, x, atol=1e-5)
-    # the core is shared: a lower rank leaves every width with that core shape
-    small = np.random.default_rng(1).normal(size=(2, 3, 4))
+
+
+def test_per_width_ranks_keep_the_wider_width_whole_and_fixed_ranks_truncate_it():
+    rng = np.random.default_rng(1)
+    small, x = rng.normal(size=(2, 3, 4)), rng.normal(size=(6, 3, 4))
+    # per-width ranks (default): each exact at its own full rank, the mean over the shared
+    # 2x3x4 block; the shared block of 6x3x4 is all of small's core -> fusing a tensor with
+    # itself changes nothing, and x keeps its full mode-1 rank 6 (nothing truncated)
+    same = tucker_fuse({0.25: x, 1.0: x.copy()})
+    np.testing.assert_allclose(same[1.0], x, atol=1e-5)
     fused = tucker_fuse({0.25: small, 1.0: x})
     assert fused[0.25].shape == (2, 3, 4) and fused[1.0].shape == (6, 3, 4)
-    assert np.linalg.matrix_rank(fused[1.0].reshape(6, -1)) <= 2  # mode 1 truncated to the shared rank 2
+    assert np.linalg.matrix_rank(fused[1.0].reshape(6, -1)) == 6
+    # Eq. 10 with fixed ranks b = (2, 3, 4) for both: the wider width is cut to rank 2 in mode 1
+    cut = tucker_fuse({0.25: small, 1.0: x}, ranks=[2, 3, 4])
+    assert np.linalg.matrix_rank(cut[1.0].reshape(6, -1)) <= 2
     with pytest.raises(ValueError, match="tucker_ranks"):
         tucker_fuse({0.25: small, 1.0: x}, ranks=[3, 3, 4])
 
 
-def test_matrix_fusion_averages_the_spectra_and_keeps_each_width_s_singular_vectors():
+def test_matrix_fusion_averages_the_shared_spectrum_and_keeps_each_width_s_singular_vectors():
     rng = np.random.default_rng(2)
     a, b = rng.normal(size=(3, 5)), rng.normal(size=(6, 5))
-    fused = tucker_fuse({0.5: a, 1.0: b})  # core 3x3: the top 3 singular values of each
+    fused = tucker_fuse({0.5: a, 1.0: b})  # cores 3x3 (a) and 5x5 (b), mean over the shared 3x3
     sa, sb = np.linalg.svd(a, compute_uv=False), np.linalg.svd(b, compute_uv=False)
     np.testing.assert_allclose(np.linalg.svd(fused[0.5], compute_uv=False), (sa + sb[:3]) / 2, rtol=1e-5)
-    np.testing.assert_allclose(np.linalg.svd(fused[1.0], compute_uv=False)[:3], (sa + sb[:3]) / 2, rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.svd(fused[1.0], compute_uv=False),
+                               np.sort(np.concatenate([(sa + sb[:3]) / 2, sb[3:]]))[::-1], rtol=1e-5)
     ua = np.linalg.svd(a)[0]
     np.testing.assert_allclose(np.abs(np.linalg.svd(fused[0.5])[0]), np.abs(ua), atol=1e-5)
 
@@ -312,14 +365,14 @@ def test_fusion_rebuilds_the_chosen_mix_of_every_width_and_nothing_else(tiny_cfg
     before = {p: server.specs[p].unpack(server.servers[p].params.copy()) for p in WIDTHS}
     server.fuse(0)
     mixes = {p: before[p]["blocks.1.synapse.mix"] for p in WIDTHS}
-    expected = tucker_fuse({p: m.reshape(m.shape[0], -1) for p, m in mixes.items()})  # tucker_view: matrix
+    expected = tucker_fuse(mixes)  # tucker_view: tensor, per-width ranks
     for p in WIDTHS:
         after = server.specs[p].unpack(server.servers[p].params)
         np.testing.assert_allclose(after["blocks.1.synapse.mix"], expected[p].reshape(mixes[p].shape), atol=1e-6)
         for name, value in before[p].items():
             if name != "blocks.1.synapse.mix":
                 np.testing.assert_array_equal(after[name], value)
-    # width 0.25 is full rank at the shared core shape: fusion changed it only by the mean core
+    # fusion changed every width's M (by the mean of the shared core block)
     assert not np.allclose(before[0.25]["blocks.1.synapse.mix"], expected[0.25].reshape(mixes[0.25].shape))
 
 
@@ -329,8 +382,9 @@ def test_fusion_rebuilds_the_chosen_mix_of_every_width_and_nothing_else(tiny_cfg
 def test_config_errors_name_the_key(tiny_cfg):
     with pytest.raises(ConfigError, match="model.width: got 0.3"):
         tiny_cfg(**{"algorithm.name": "sfedhifi", "model.name": "test_tiny_hifi", "model.width": 0.3})
-    with pytest.raises(ConfigError, match="federation.clients_per_round: got 2"):
-        tiny_cfg(**{"algorithm.name": "hetero_fedavg", "model.width": 1.0})
+    with pytest.raises(ConfigError, match="federation.clients_per_round: got 2; with selection cover_widths"):
+        tiny_cfg(**{"algorithm.name": "hetero_fedavg", "model.width": 1.0, "algorithm.selection": "cover_widths"})
+    tiny_cfg(**{"algorithm.name": "hetero_fedavg", "model.width": 1.0})  # random selection: 2 of 4 is fine
     with pytest.raises(ConfigError, match="model.name: got 'mlp'.*factorized"):
         tiny_cfg(**{"algorithm.name": "sfedhifi", "model.width": 1.0, "federation.clients_per_round": 4})
     with pytest.raises(ConfigError, match="algorithm.fusion: got 'best'"):
@@ -347,7 +401,7 @@ def test_a_heterogeneous_run_reports_accuracy_per_width(name, tiny_cfg, tmp_path
     extra = {"algorithm.rate_samples": 16, "export": True} if name == "sfedhifi" else {"energy.enabled": False}
     cfg = tiny_cfg(**{"algorithm.name": name, "model.name": "test_tiny_hifi", "model.width": 0.5,
                       "model.threshold": 0.5, "partition.num_clients": 8, "federation.clients_per_round": 4,
-                      **extra})
+                      "algorithm.selection": "cover_widths", **extra})
     summary = run(cfg, tmp_path, progress=False)
     assert set(summary["accuracy_per_width"]) == {"0.25", "0.5", "0.75", "1"}
     assert summary["final_accuracy"] == pytest.approx(np.mean(list(summary["accuracy_per_width"].values())))

@@ -81,13 +81,14 @@ class Client:
         if len(data.y) == 0:
             raise ValueError(f"client {data.cid} has no training samples")  # would divide FedAvg by zero
         run_cfg = self.cfg
-        if "lr" in config:  # the server's per-round learning rate (federation.lr_decay)
+        if "lr" in config:  # the server's per-round learning rate (round_lr)
             run_cfg = {**self.cfg, "federation": {**self.cfg["federation"], "lr": float(config["lr"])}}
         metrics = train_local(model, data.x, data.y, run_cfg, self, seed=int(config["seed"]))
         local_flat = self.spec.get(model)
         upload = self.finish(model, local_flat, metrics)
         upload = self.add_update_noise(upload, global_flat)
         upload = self.add_privacy_noise(upload)
+        self.uploaded(upload, metrics)
         metrics["label_counts"] = data.label_counts
         return self.spec.unpack(upload), int(len(data.y)), metrics
 
@@ -124,14 +125,29 @@ class Client:
     def finish(self, model, local_flat: np.ndarray, metrics: dict) -> np.ndarray:
         return local_flat
 
+    def uploaded(self, upload: np.ndarray, metrics: dict) -> None:
+        """Called with exactly what leaves the client (after update and privacy noise):
+        local state derived from the upload (SCAFFOLD's c_i) is derived from this."""
+
     def add_update_noise(self, upload: np.ndarray, global_flat: np.ndarray) -> np.ndarray:
-        """FedSNN's gradient-noise study: N(0, 1)·σ added to the uploaded update
-        (``federation.update_noise`` = σ), seeded from the round's client seed."""
-        sigma = self.cfg["federation"].get("update_noise", 0.0)
-        if not sigma:
+        """FedSNN's gradient-noise study (Venkatesha et al. 2021, Sec. IV-E, Fig. 8b):
+        N(0, 1) · strength added to the uploaded update, seeded from the round's client seed.
+
+        ``federation.update_noise_mode: relative`` (default, the authors' code): per tensor
+        the strength s = ``federation.update_noise`` is scaled by the mean magnitude of this
+        client's update of that tensor, noise_t = N(0, 1) · s · mean|w_t − w_t^global|
+        (Fig. 8b's strengths 0…4); ``absolute``: noise = N(0, 1) · s on every value."""
+        strength = self.cfg["federation"].get("update_noise", 0.0)
+        if not strength:
             return upload
         rng = np.random.default_rng(seed_for(int(self.round_config["seed"]), "update_noise"))
-        return upload + rng.normal(0.0, sigma, size=upload.shape).astype(np.float32)
+        noise = rng.normal(0.0, 1.0, size=upload.shape) * strength
+        if self.cfg["federation"].get("update_noise_mode", "relative") == "relative":
+            delta = np.abs(upload.astype(np.float64) - global_flat)
+            offsets = self.spec.offsets
+            scale = np.add.reduceat(delta, offsets[:-1]) / self.spec.sizes  # mean |Δ| per tensor
+            noise *= np.repeat(scale, self.spec.sizes)
+        return upload + noise.astype(np.float32)
 
     def add_privacy_noise(self, upload: np.ndarray) -> np.ndarray:
         """Laplace local differential privacy, FedLEC Eq. 16 (Yu et al., IJCAI 2025):
@@ -170,9 +186,10 @@ class Server:
     def client_config(self, rnd: int, cid: int) -> dict:
         config = {"round": rnd, "seed": seed_for(self.cfg["seed"], "fit", rnd, cid)}
         fed = self.cfg["federation"]
-        decay = fed.get("lr_decay", 1.0)
-        if decay != 1.0:  # exponential decay over rounds: lr_r = lr · decay^(r−1)
-            config["lr"] = fed["lr"] * decay ** (rnd - 1)
+        if fed.get("lr_decay", 1.0) != 1.0 or fed.get("lr_milestones"):
+            lr = round_lr(fed, rnd)
+            if lr != fed["lr"]:
+                config["lr"] = lr
         return config
 
     def message(self) -> dict[str, np.ndarray]:
@@ -201,6 +218,18 @@ class Server:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.params = np.asarray(state["params"], dtype=np.float32)
+
+
+def round_lr(fed: dict, rnd: int) -> float:
+    """The learning rate of round ``rnd`` (1-based): lr · lr_decay^(r−1) · lr_gamma^k,
+    k = the number of ``federation.lr_milestones`` m with m < r.
+
+    ``lr_decay`` is an exponential decay per round; ``lr_milestones``/``lr_gamma`` the step
+    schedule (as torch's MultiStepLR, counted in rounds): FedSNN Sec. IV-A reduces its SNN
+    lr (0.1, SGD) "by a factor of 5 after 40, 60, and 80 epochs" of its 100 rounds, i.e.
+    ``lr_milestones: [40, 60, 80], lr_gamma: 0.2``."""
+    steps = sum(1 for m in fed.get("lr_milestones") or () if m < rnd)
+    return fed["lr"] * fed.get("lr_decay", 1.0) ** (rnd - 1) * fed.get("lr_gamma", 1.0) ** steps
 
 
 # Parameters per block of weighted_average: the clients' slices of one block (5 clients:

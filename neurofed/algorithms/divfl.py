@@ -19,7 +19,10 @@ letting all N clients train once (the authors' code instead probes every client'
 full-batch gradient at the initial model); that round aggregates the greedy P of
 those N fresh updates. Aggregation is FedAvg's n_k-weighted average of the selected
 clients, as in the authors' released trainer (the γ-weighted form of the analysis
-is not used there). Clients that never replied stay out of the ground set.
+is not used there). The ground set is every client ([N] in F(S)): a client that
+straggled or failed in round 1 has no update yet and enters with Δ_k = 0 (the update
+of a client that has not moved from the global model), so it can be selected, and its
+row is filled the first time it replies.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ class DivFLServer(Server):
         if not self.known.any():  # round 1: every client fills its row of the table
             chosen = list(range(self.num_clients))
         else:
-            chosen = sorted(self.select(np.flatnonzero(self.known).tolist()))
+            chosen = sorted(self.select(list(range(self.num_clients))))  # ground set: all N
         return [(c, self.client_config(rnd, c)) for c in chosen]
 
     def select(self, clients: list[int]) -> list[int]:

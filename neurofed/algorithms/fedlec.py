@@ -10,12 +10,22 @@ privacy (Eq. 16) is a client option of every algorithm: ``federation.ldp_laplace
 
 Where we follow the paper rather than the authors' code (its ``main.py`` differs):
 the loss is (1 − λ)·L_c + λ·L_d as in Eq. 5 (the code adds λ·L_d to an unweighted
-L_c); L_c is the log-prior calibration of Eq. 7–8 (the code uses a different, pairwise
-term weighted 0.005); the server runs ATT (the code runs FedAvg). L_d follows Eq. 9
-as the code reads it (softmax over the missing labels).
+L_c); L_c is Eq. 8 as printed (the code uses a different, pairwise term weighted
+0.005); L_d is Eq. 9 as printed (softmax over all labels, sum over the missing ones);
+the server runs ATT (the code runs FedAvg). neurofed's earlier readings stay as named
+options: ``algorithm.lc_form: logit_adjusted`` (Menon et al.'s logit-adjusted
+cross-entropy, :func:`calibrated_ce`) and ``algorithm.ld_form: restricted`` (softmax over
+the missing labels only, the authors' code; zero when exactly one label is missing).
+
+ATT (Eq. 10) only differs from FedAvg on parameters that hold one copy per time step
+(the BNTT batch norm of the paper's S-VGG9); SLAYER blocks share every weight across
+time steps, so on every zoo model ATT *is* FedAvg. The server says so once (a log
+line) and records ``att_time_parameters`` (the number of per-step tensors) each round.
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import torch
@@ -23,13 +33,16 @@ import torch.nn.functional as F
 
 from neurofed.algorithms.base import Client, FitResult, Server
 from neurofed.algorithms.fedavg import FedAvg
-from neurofed.config import number
+from neurofed.config import choice, number
 from neurofed.fl.params import ParamSpec
+
+log = logging.getLogger(__name__)
 
 
 def calibrated_ce(logits: torch.Tensor, y: torch.Tensor, prior) -> torch.Tensor:
-    r"""L_c, Eq. 7–8: cross-entropy of the logits shifted by the log of the client's
-    label prior γ (its local label frequencies),
+    r"""L_c, ``algorithm.lc_form: logit_adjusted`` (Eq. 7's rule as Menon et al.'s
+    loss): cross-entropy of the logits shifted by the log of the client's label prior γ
+    (its local label frequencies),
 
     .. math:: L_c = -\mathbb{E}\log\frac{e^{f_y + \log\gamma_y}}{\sum_c e^{f_c + \log\gamma_c}}
 
@@ -38,13 +51,32 @@ def calibrated_ce(logits: torch.Tensor, y: torch.Tensor, prior) -> torch.Tensor:
     that trains raw logits f towards that rule is Menon's logit-adjusted loss above
     (minority labels' logits are lowered more inside the loss — "reduced by a
     relatively larger value" — so the model must learn them with a larger margin,
-    while majority labels' losses are damped). We read the printed Eq. 8,
-    (e^{f_y} − γ_y)/Σ_c(e^{f_c} − γ_c), which can be negative, as this. A label with
-    γ = 0 gets log 0 = −∞ and leaves the softmax (see :func:`label_prior` for how
+    while majority labels' losses are damped). The printed Eq. 8 is :func:`eq8_loss`
+    (the default). A label with γ = 0 gets log 0 = −∞ and leaves the softmax (see :func:`label_prior` for how
     missing labels get γ > 0). With a uniform prior this is plain CE.
     """
     prior = torch.as_tensor(np.asarray(prior), dtype=logits.dtype, device=logits.device)
     return F.cross_entropy(logits + torch.log(prior), y)
+
+
+def eq8_loss(logits: torch.Tensor, y: torch.Tensor, prior) -> torch.Tensor:
+    r"""L_c as Eq. 8 prints it, over the client's label set C (labels with γ > 0):
+
+    .. math:: L_c = -\mathbb{E}\log\frac{e^{f_y} - \gamma_y}{\sum_{c\in C}(e^{f_c} - \gamma_c)}
+
+    The terms are ≥ 0 here because our logits are spike rates × logit scale (f ≥ 0, so
+    e^f ≥ 1 ≥ γ); each is floored at 1e-12 (a single-label client with a silent output,
+    f = 0 and γ = 1, would give 0/0). Computed with the largest e^f of C factored out.
+    Labels outside C (γ = 0, missing) are not in the sum, as in the paper."""
+    prior = torch.as_tensor(np.asarray(prior), dtype=logits.dtype, device=logits.device)
+    held = prior > 0
+    f = logits[:, held]
+    m = f.detach().max(1, keepdim=True).values
+    terms = (torch.exp(f - m) - prior[held] * torch.exp(-m)).clamp_min(1e-12)  # (e^f − γ)/e^m
+    idx = torch.cumsum(held.long(), 0)[y] - 1  # y's column among the held labels
+    if not bool(held[y].all()):
+        raise ValueError("eq8_loss: a sample's label has prior 0")
+    return (torch.log(terms.sum(1)) - torch.log(terms.gather(1, idx[:, None])[:, 0])).mean()
 
 
 def label_prior(counts, smoothing: float) -> np.ndarray:
@@ -63,8 +95,27 @@ def label_prior(counts, smoothing: float) -> np.ndarray:
     return (counts + smoothing) / (counts.sum() + smoothing * len(counts))
 
 
+def eq9_loss(student: torch.Tensor, teacher: torch.Tensor, missing, temperature: float = 1.0) -> torch.Tensor:
+    r"""L_d as Eq. 9 prints it: q̃_g, q̃_l the (temperature-T) softmax prediction vectors
+    of the global and local model over all labels, the sum over the missing labels M,
+
+    .. math:: L_d = \mathbb{E}\sum_{c\in M} \tilde q_g[c]\log\frac{\tilde q_g[c]}{\tilde q_l[c]}
+
+    times T² (T = 1, the paper's setting, changes nothing). Unlike
+    :func:`missing_label_kl` it is not zero with one missing label, and it is a partial
+    KL sum (it can be negative: minimizing it raises the local model's mass on M)."""
+    missing = torch.as_tensor(np.asarray(missing), dtype=torch.bool, device=student.device)
+    if not bool(missing.any()):
+        return student.sum() * 0.0
+    t = float(temperature)
+    log_q_local = F.log_softmax(student / t, dim=1)[:, missing]
+    log_q_global = F.log_softmax(teacher.detach() / t, dim=1)[:, missing]
+    return (log_q_global.exp() * (log_q_global - log_q_local)).sum(1).mean() * t * t
+
+
 def missing_label_kl(student: torch.Tensor, teacher: torch.Tensor, missing, temperature: float = 1.0) -> torch.Tensor:
-    r"""L_d, Eq. 9: KL(q̃_g ‖ q̃_l) over the client's missing labels M,
+    r"""L_d, ``algorithm.ld_form: restricted`` (the authors' code's reading of Eq. 9):
+    KL(q̃_g ‖ q̃_l) over the client's missing labels M,
 
     .. math:: L_d = \mathbb{E}\sum_{c\in M} \tilde q_g[c]\log\frac{\tilde q_g[c]}{\tilde q_l[c]}
 
@@ -105,8 +156,14 @@ def aggregate_through_time(stacked: np.ndarray, weights, spec: ParamSpec) -> np.
     return theta.astype(np.float32)
 
 
+LC_FORMS = {"eq8": eq8_loss, "logit_adjusted": calibrated_ce}
+LD_FORMS = {"eq9": eq9_loss, "restricted": missing_label_kl}
+
+
 class FedLECClient(Client):
-    r"""Local objective, Eq. 5: (1 − λ)·L_c + λ·L_d (:func:`calibrated_ce`,
+    r"""Local objective, Eq. 5: (1 − λ)·L_c + λ·L_d; L_c by ``algorithm.lc_form``
+    (``eq8``: :func:`eq8_loss`; ``logit_adjusted``: :func:`calibrated_ce`), L_d by
+    ``algorithm.ld_form`` (``eq9``: :func:`eq9_loss`; ``restricted``:
     :func:`missing_label_kl`), λ = ``algorithm.lambda``, T = ``algorithm.temperature``,
     γ from :func:`label_prior` with s = ``algorithm.prior_smoothing``.
 
@@ -134,6 +191,7 @@ class FedLECClient(Client):
         self.lam = float(alg["lambda"])
         self.temperature = float(alg["temperature"])
         self.distill = bool(self.missing.any()) and self.lam > 0
+        self.lc, self.ld = LC_FORMS[alg["lc_form"]], LD_FORMS[alg["ld_form"]]
         if self.distill:
             teacher = self.teacher()
             self.spec.set(teacher, self.global_flat)
@@ -141,22 +199,31 @@ class FedLECClient(Client):
 
     def loss(self, model, output, y, x):
         logits = model.readout(output)
-        loss = (1.0 - self.lam) * calibrated_ce(logits, y, self.prior)
+        loss = (1.0 - self.lam) * self.lc(logits, y, self.prior)
         if self.distill:
             with torch.no_grad():
                 teacher = self.teacher()
                 teacher_logits = teacher.readout(teacher(x))
-            loss = loss + self.lam * missing_label_kl(logits, teacher_logits, self.missing, self.temperature)
+            loss = loss + self.lam * self.ld(logits, teacher_logits, self.missing, self.temperature)
         return loss
 
 
 class FedLECServer(Server):
-    """FedAvg selection; aggregation by :func:`aggregate_through_time` with P_m = n_m / Σ n."""
+    """FedAvg selection; aggregation by :func:`aggregate_through_time` with P_m = n_m / Σ n.
+
+    Logs once, and records every round (``att_time_parameters``), how many tensors have a
+    time axis: with none, ATT is FedAvg (Eq. 10, right-hand side)."""
+
+    def __init__(self, cfg, spec, initial, num_clients):
+        super().__init__(cfg, spec, initial, num_clients)
+        if not spec.time_axes:
+            log.warning("fedlec: the model has no per-time-step parameters, so Aggregation Through Time "
+                        "(Eq. 10) is FedAvg here; only the local loss differs from FedAvg")
 
     def aggregate(self, rnd: int, results: list[FitResult]) -> dict:
         self.params = aggregate_through_time(np.stack([r.params for r in results]),
                                              [r.num_examples for r in results], self.spec)
-        return {}
+        return {"att_time_parameters": len(self.spec.time_axes)}
 
 
 class FedLEC(FedAvg):
@@ -165,12 +232,16 @@ class FedLEC(FedAvg):
     Defaults: λ = 0.1 (the authors' code's ``-lamda``; the paper gives no value; on
     digits λ = 0.5 was 9 points worse under #cnum=2 and 5 better under Dir(0.05)),
     T = 1 (the paper's Eq. 9 has no temperature; the code uses 1), prior_smoothing
-    = 0 (local label frequencies; see :func:`label_prior`).
+    = 0 (local label frequencies; see :func:`label_prior`), lc_form eq8 and ld_form eq9
+    (the printed equations; ``logit_adjusted`` / ``restricted`` are the earlier readings
+    the recorded label-skew studies used).
     """
 
     name = "fedlec"
     Server = FedLECServer
     Client = FedLECClient
-    config_defaults = {"lambda": 0.1, "temperature": 1.0, "prior_smoothing": 0.0}
+    config_defaults = {"lambda": 0.1, "temperature": 1.0, "prior_smoothing": 0.0, "lc_form": "eq8",
+                       "ld_form": "eq9"}
     config_checks = {"lambda": number(0, 1), "temperature": number(0, lo_open=True),
-                     "prior_smoothing": number(0)}
+                     "prior_smoothing": number(0), "lc_form": choice(tuple(LC_FORMS)),
+                     "ld_form": choice(tuple(LD_FORMS))}

@@ -38,7 +38,8 @@ class FedProx(FedAvg):
     """Server: FedAvg's (random selection, sample-weighted average).
     Client: :class:`FedProxClient` (reads ``algorithm.mu``).
 
-    Default μ = 0.01, the value of the FedLEC authors' baseline runs; FedProx's own
+    Default μ = 0.01, the FedLEC experiments' value (the authors' ``main.py``, ``-mu``
+    default 0.01); FedProx's own
     experiments pick μ from {0.001, 0.01, 0.1, 1}.
     """
 

@@ -44,7 +44,8 @@ class FedRSClient(Client):
 class FedRS(FedAvg):
     """Server: FedAvg's. Client: :class:`FedRSClient` (reads ``algorithm.alpha``).
 
-    Default α = 0.5, the restriction strength of the FedLEC authors' baseline runs;
+    Default α = 0.5, the FedLEC experiments' value (the authors' ``main.py``,
+    ``-strength`` default 0.5);
     α = 1 is FedAvg, α = 0 drops the missing labels from the softmax.
     """
 

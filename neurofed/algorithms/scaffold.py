@@ -35,8 +35,9 @@ class ScaffoldClient(Client):
     variates below (mean displacement per step / η_l), instead of being rescaled by
     Adam's preconditioner. After K local steps (option II):
     c_i⁺ = c_i − c + (x − y_i)/(K η_l), kept in ``state["c_i"]`` (a flat float32
-    vector; zero before a client's first round). η_l is this round's learning rate
-    (``federation.lr``, times ``lr_decay`` per round).
+    vector; zero before a client's first round), with y_i the uploaded parameters
+    (noised, when update noise or LDP is on: :meth:`uploaded`). η_l is this round's learning rate
+    (``federation.lr`` with its schedule, :func:`neurofed.algorithms.base.round_lr`).
     """
 
     def begin(self, model) -> None:
@@ -52,10 +53,12 @@ class ScaffoldClient(Client):
         for p, d in self.correction:
             p.sub_(d, alpha=self.lr)
 
-    def finish(self, model, local_flat, metrics):
-        delta_c = option_ii(self.global_flat, local_flat, self.c, metrics["steps"], self.lr)
+    def uploaded(self, upload, metrics):
+        """c_i⁺ from the uploaded y_i — after ``federation.update_noise`` / ``ldp_laplace``,
+        if any — so that it is exactly the Δc_i the server recomputes from the same upload
+        (c stays (1/N) Σ_i c_i; with noise, a c_i from the clean y_i would drift from it)."""
+        delta_c = option_ii(self.global_flat, upload, self.c, metrics["steps"], self.lr)
         self.state["c_i"] = self.c_i + delta_c
-        return local_flat
 
 
 class ScaffoldServer(Server):
@@ -71,8 +74,8 @@ class ScaffoldServer(Server):
     Clients upload only y_i: the server recomputes each Δc_i from option II (it knows
     x, c, η_l and the client's step count K from its metrics), so the upload is the
     same size as FedAvg's and Δc_i is exactly the value the client stored. With
-    ``federation.ldp_laplace`` the server's Δc_i comes from the noised y_i (only the
-    privatized upload ever leaves a client).
+    ``federation.update_noise`` or ``ldp_laplace`` both sides use the noised y_i (only
+    the noised upload ever leaves a client), so c = (1/N) Σ_i c_i still holds.
     """
 
     def __init__(self, cfg, spec, initial, num_clients):
@@ -103,7 +106,10 @@ class ScaffoldServer(Server):
 
 class Scaffold(FedAvg):
     """Server: :class:`ScaffoldServer` (variate c, checkpointed). Client:
-    :class:`ScaffoldClient` (variate c_i in the per-client state)."""
+    :class:`ScaffoldClient` (variate c_i in the per-client state).
+
+    Default η_g = 1 (SCAFFOLD's experiments, and a FedAvg-shaped server step as in the
+    FedLEC baselines, whose paper prints no SCAFFOLD settings)."""
 
     name = "scaffold"
     Server = ScaffoldServer

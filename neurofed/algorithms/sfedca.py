@@ -18,9 +18,10 @@ the weights alone), and reports (Eq. 12)
 
     ΔR_k = Σ_c (R_kc(W_k^{r+1}) - R_kc(W^r))²
 
-as ``metrics["delta_r"]``. L counts every layer with neurons (conv, pool, dense,
-including the output layer); a class the client does not hold has no rate and
-contributes 0.
+as ``metrics["delta_r"]``. L counts the paper's layers, those with weights
+(W = (w^1, …, w^L), §3.2: conv and dense, the output layer included; its pooling layers
+have no neurons); ``algorithm.rate_layers: all`` also counts SLAYER's pool layers, which
+do have neurons. A class the client does not hold has no rate and contributes 0.
 
 Privacy: only the scalar ΔR_k leaves the client, but it is computed from per-class
 rates, and a per-class rate vector (were a deployment to report it, e.g. to let the
@@ -44,10 +45,19 @@ from neurofed.fl.seeds import rng_for, seed_for
 from neurofed.fl.train import forward_dataset
 
 
+def rate_layer_mask(model, layers: str = "weights") -> np.ndarray:
+    """Which of the model's spiking layers Eq. 11's mean runs over: ``weights`` (the paper:
+    the L layers of W = (w^1, …, w^L), its conv and FC layers, the output layer included;
+    its pooling has no neurons) or ``all`` (every SLAYER layer with neurons, pools too)."""
+    kinds = [layer.kind for layer in model.layers if layer.has_neurons]
+    return np.array([layers == "all" or kind != "pool" for kind in kinds])
+
+
 def class_firing_rates(model, x: torch.Tensor, y: torch.Tensor, num_classes: int, data_cfg: dict,
-                       seed: int) -> np.ndarray:
+                       seed: int, layers: str = "weights") -> np.ndarray:
     """Eq. 11: per-class mean over samples of the mean over layers of each layer's firing
-    rate (spikes / (neurons × T)); (num_classes,) float64, 0 for absent classes.
+    rate (spikes / (neurons × T)); (num_classes,) float64, 0 for absent classes. The layers
+    are those of :func:`rate_layer_mask` (``algorithm.rate_layers``).
 
     One no-grad forward pass (:func:`neurofed.fl.train.forward_dataset`): no
     parameter, buffer, gradient or optimizer changes; the encoding draws from ``seed``.
@@ -56,7 +66,8 @@ def class_firing_rates(model, x: torch.Tensor, y: torch.Tensor, num_classes: int
     if spikes is None:
         raise ValueError(f"SFedCA needs a spiking model (model.kind: snn); got {getattr(model, 'kind', '?')!r}")
     neurons = torch.tensor(model.neurons_per_layer, dtype=torch.float64)
-    per_sample = (spikes.double() / (neurons * data_cfg["timesteps"])).mean(1).numpy()
+    keep = torch.from_numpy(rate_layer_mask(model, layers))
+    per_sample = (spikes.double() / (neurons * data_cfg["timesteps"]))[:, keep].mean(1).numpy()
     labels = np.asarray(y)
     sums = np.bincount(labels, weights=per_sample, minlength=num_classes)
     counts = np.bincount(labels, minlength=num_classes)
@@ -83,7 +94,8 @@ class SFedCAClient(Client):
         seed = int(self.round_config["seed"])
         d = self.data
         # The same encoding seed before and after training: ΔR reflects the weights only.
-        rates = class_firing_rates(model, d.x, d.y, d.num_classes, self.cfg["data"], seed_for(seed, "rates"))
+        rates = class_firing_rates(model, d.x, d.y, d.num_classes, self.cfg["data"], seed_for(seed, "rates"),
+                                   self.cfg["algorithm"]["rate_layers"])
         sigma = self.cfg["algorithm"].get("rate_noise", 0.0)
         if sigma:
             rates = rates + rng_for(seed, "rate_noise", when == "after").normal(0.0, sigma, rates.shape)
@@ -114,11 +126,12 @@ class SFedCA(Algorithm):
     name = "sfedca"
     Server = SFedCAServer
     Client = SFedCAClient
-    config_defaults = {"candidates": 10, "rate_noise": 0.0, "weighting": "uniform"}
+    config_defaults = {"candidates": 10, "rate_noise": 0.0, "weighting": "uniform", "rate_layers": "weights"}
     config_checks = {
         "candidates": number(2, integer=True),
         "rate_noise": number(0),
         "weighting": choice(("uniform", "samples")),
+        "rate_layers": choice(("weights", "all")),
     }
 
     @classmethod

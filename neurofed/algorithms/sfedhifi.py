@@ -27,10 +27,13 @@ norm is the mean squared entry, the authors' ``nn.MSELoss``; zero without banks)
 
 Width assignment (``algorithm.assign``): ``fixed`` (the paper's text: clients are
 clustered by their resources) — client i has ``client_widths[i]``, or, when that is
-null, a seeded balanced draw (every width on ⌊N/|p|⌋ or ⌈N/|p|⌉ clients); the selection
-is redrawn until every width is among the round's participants. ``round`` (the
-authors' code) — the P selected clients draw widths uniformly, redrawn until every
-width appears. Either way every width's global model is updated every round.
+null, a seeded balanced draw (every width on ⌊N/|p|⌋ or ⌈N/|p|⌉ clients). ``round``
+(the authors' code) — the P selected clients draw widths uniformly. Selection
+(``algorithm.selection``): ``random`` (the paper: "5 active clients are randomly
+selected" of 10) — a width no participant has keeps its model that round (SFedHIFI
+still gives it the new banks and fuses its M); ``cover_widths`` — the draw (and, with
+``assign: round``, the widths) is repeated until every width is among the participants,
+so every width's global model is updated every round.
 
 Server-side choices (see :class:`SFedHIFIServer`): averages are uniform over
 clients as in Eq. 5–6 (``weighting: samples`` weights by n_k); firing rates for Eq. 7
@@ -38,15 +41,21 @@ are measured on the first ``rate_samples`` test images (the authors measure them
 the test set, during their evaluation of each width's global model); ``rate_source:
 output`` is Eq. 7 (the spikes of layer L's neurons), ``input`` the authors' code (the
 spikes entering layer L). The tie rule of Eq. 8's mode is in :func:`choose_layer`.
-Tucker (Eq. 10–12): M^p is decomposed as the authors' code does, as the (C_out, G·m)
-weight of their 1×1 convolution (``tucker_view: tensor`` uses Eq. 4's three modes);
-each decomposition gets one sign convention (:func:`canonical_signs`) before the cores
-are averaged — without it, tensorly's per-mode SVD signs make the average cancel (measured
-on trained digits models: cosine 0.999 between a full-rank width's M before and after
-fusion with the convention, −0.13 without). At the default core shape (the element-wise
-minimum over widths) the smallest width is rebuilt exactly up to the mean core, larger
-ones keep only what their rank-limited factors span (Eq. 12 as written; the authors
-fuse only in their first 45 % of rounds, ``fusion_until``).
+The server's firing-rate batch is data the server may hold: by default the first
+``rate_samples`` images of the test set (as the authors, who measure during their
+evaluation), ``rate_data: train`` the training set's — a deployment whose server holds
+no data needs a public or synthetic batch here, and the rates reveal nothing of a
+client's data (they are measured on the global models).
+Tucker (Eq. 10–12): M^p's three modes are decomposed (``tucker_view: matrix``: first
+mode × the rest, the authors' 1×1-conv weight under ``factorization: input``), each
+width at its own full ranks with Eq. 11's mean over the core block all widths share
+(:func:`tucker_fuse`; ``tucker_ranks`` [b1, b2, b3] gives Eq. 10's fixed ranks, which
+truncate the wider widths' M every fusion round). Each decomposition gets one sign
+convention (:func:`canonical_signs`) before the cores are averaged — without it,
+tensorly's per-mode SVD signs make the average cancel (measured on trained digits
+models: cosine 0.999 between a full-rank width's M before and after fusion with the
+convention, −0.13 without). The authors fuse only in their first 45 % of rounds
+(``fusion_until``).
 """
 
 from __future__ import annotations
@@ -111,19 +120,26 @@ def canonical_signs(core: np.ndarray, factors: list) -> tuple[np.ndarray, list]:
 
 def default_ranks(shapes: list[tuple]) -> list[int]:
     """The element-wise minimum of the shapes, each rank capped at the product of the
-    others (a larger one only adds zero core entries)."""
+    others (a larger one only adds zero core entries). For one shape: its full
+    multilinear rank bound, at which Tucker is exact."""
     ranks = [min(s[i] for s in shapes) for i in range(len(shapes[0]))]
     return [min(r, int(np.prod([x for j, x in enumerate(ranks) if j != i]))) for i, r in enumerate(ranks)]
 
 
 def tucker_fuse(tensors: dict, ranks=None) -> dict:
-    """Eq. 10–12: Tucker-decompose each width's tensor with one shared core shape,
-    average the cores, rebuild each tensor from the mean core and its own factors.
+    """Eq. 10–12: Tucker-decompose each width's tensor, average the cores (Eq. 11),
+    rebuild each tensor from the mean core and its own factors (Eq. 12).
 
-    ``ranks`` (one per mode) default to :func:`default_ranks` (the element-wise minimum
-    of the shapes). Decomposition: tensorly's HOOI from an SVD init (deterministic), in
-    float64, with :func:`canonical_signs`. A width whose shape exceeds the core keeps
-    only what its factors span (Eq. 12 rebuilds M from the core and factors alone).
+    ``ranks`` null (the default): per-width ranks — each width is decomposed at its own
+    full multilinear rank (:func:`default_ranks` of its shape alone, so its decomposition
+    is exact), and Eq. 11's mean is taken over the core block every width has, the leading
+    b = element-wise minimum of the widths' ranks (HOSVD orders each mode's components by
+    decreasing singular value, so that block holds each width's dominant components);
+    a wider width keeps the rest of its own core, and nothing of its M is truncated.
+    ``ranks`` a list (one per mode): Eq. 10's pre-defined ranks (b1, b2, b3) for every
+    width, the whole cores averaged; a width wider than b keeps only what its factors span.
+    Decomposition: tensorly's HOOI from an SVD init (deterministic), in float64, with
+    :func:`canonical_signs`.
     """
     import tensorly as tl
     from tensorly.decomposition import tucker
@@ -132,17 +148,24 @@ def tucker_fuse(tensors: dict, ranks=None) -> dict:
     shapes = [a.shape for a in arrays.values()]
     if len({len(s) for s in shapes}) != 1:
         raise ValueError(f"tucker_fuse: tensors of different orders {shapes}")
-    ranks = default_ranks(shapes) if ranks is None else list(ranks)
+    own = {k: (default_ranks([a.shape]) if ranks is None else list(ranks)) for k, a in arrays.items()}
     for k, a in arrays.items():
-        if len(ranks) != a.ndim or any(r < 1 or r > d for r, d in zip(ranks, a.shape)):
-            raise ValueError(f"algorithm.tucker_ranks: {ranks} does not fit a tensor of shape {a.shape} (width {k}); "
+        r = own[k]
+        if len(r) != a.ndim or any(x < 1 or x > d for x, d in zip(r, a.shape)):
+            raise ValueError(f"algorithm.tucker_ranks: {r} does not fit a tensor of shape {a.shape} (width {k}); "
                              f"each rank must be between 1 and that mode's size")
     parts = {}
     for k, a in arrays.items():
-        core, factors = tucker(tl.tensor(a), rank=ranks, init="svd", n_iter_max=100, tol=1e-10)
+        core, factors = tucker(tl.tensor(a), rank=own[k], init="svd", n_iter_max=100, tol=1e-10)
         parts[k] = canonical_signs(np.asarray(core), [np.asarray(f) for f in factors])
-    core = np.mean([c for c, _ in parts.values()], axis=0)
-    return {k: np.asarray(tl.tucker_to_tensor((core, factors)), dtype=np.float32) for k, (_, factors) in parts.items()}
+    shared = tuple(slice(0, min(r[i] for r in own.values())) for i in range(len(shapes[0])))
+    mean = np.mean([c[shared] for c, _ in parts.values()], axis=0)  # Eq. 11 over the shared block
+    out = {}
+    for k, (core, factors) in parts.items():
+        core = core.copy()
+        core[shared] = mean
+        out[k] = np.asarray(tl.tucker_to_tensor((core, factors)), dtype=np.float32)
+    return out
 
 
 # --------------------------------------------------------------------------- config
@@ -166,7 +189,7 @@ def _ranks(v):
     if v is None or (isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
                                                        for x in v)):
         return None
-    return "expected null (the element-wise minimum over widths) or a list of positive integers, one per mode"
+    return "expected null (per-width ranks) or a list of positive integers, one per mode"
 
 
 HETERO_DEFAULTS: dict[str, Any] = {
@@ -175,6 +198,7 @@ HETERO_DEFAULTS: dict[str, Any] = {
     "client_widths": None,  # assign fixed: one width per client; null: a balanced seeded draw
     "loss": "tet",  # tet (Eq. 14) | rate (cross-entropy of the spike-rate logits)
     "orth_lambda": 0.1,  # λ of Eq. 13 (the authors' Fashion-MNIST runs, baselines included)
+    "selection": "random",  # random (the paper: 5 of 10 at random) | cover_widths (redraw until every width)
 }
 HETERO_CHECKS = {
     "widths": _widths,
@@ -182,6 +206,7 @@ HETERO_CHECKS = {
     "client_widths": _client_widths,
     "loss": choice(("tet", "rate")),
     "orth_lambda": number(0),
+    "selection": choice(("random", "cover_widths")),
 }
 SFEDHIFI_DEFAULTS: dict[str, Any] = {
     **HETERO_DEFAULTS,
@@ -189,8 +214,8 @@ SFEDHIFI_DEFAULTS: dict[str, Any] = {
     "fusion_layer": -1,  # HIFI_fixed: index among the factorized layers (-1: the last, the authors' choice)
     "fusion_every": 1,  # fuse every k-th round (the authors' --merger_epoch)
     "fusion_until": None,  # last round with fusion (the authors' --tucker_epochs); null: every round
-    "tucker_view": "matrix",  # matrix: M as the (C_out, G·m) 1×1-conv weight (authors' code) | tensor: Eq. 4's 3 modes
-    "tucker_ranks": None,  # core shape, one rank per mode of the view; null: element-wise minimum over widths
+    "tucker_view": "tensor",  # tensor: M's 3 modes (Eq. 10) | matrix: M's first mode × the rest (authors' code)
+    "tucker_ranks": None,  # null: per-width full ranks, mean over the shared core block | a list: Eq. 10's b for all
     "rate_data": "test",  # test | train: where the server's firing-rate batch comes from
     "rate_samples": 256,
     "rate_source": "output",  # output (Eq. 7) | input (the authors' code)
@@ -235,9 +260,10 @@ class HeteroConfig:
         if float(model["width"]) not in widths:
             problems.append(f"model.width: got {model['width']!r}; with {cls.name} it names the global model that is "
                             f"exported and measured, so it must be one of algorithm.widths {a['widths']}")
-        if fed["clients_per_round"] < len(widths):
-            problems.append(f"federation.clients_per_round: got {fed['clients_per_round']}; every width must be among "
-                            f"each round's clients, so at least len(algorithm.widths) = {len(widths)}")
+        if a["selection"] == "cover_widths" and fed["clients_per_round"] < len(widths):
+            problems.append(f"federation.clients_per_round: got {fed['clients_per_round']}; with selection "
+                            f"cover_widths every width must be among each round's clients, so at least "
+                            f"len(algorithm.widths) = {len(widths)}")
         if a["assign"] == "fixed":
             cw = a["client_widths"]
             if cw is None and part["num_clients"] < len(widths):
@@ -412,15 +438,20 @@ class HeteroServer(Server):
         return cycle[rng.permutation(self.num_clients)]
 
     def configure(self, rnd: int) -> list[tuple[int, dict]]:
+        """``algorithm.selection: random`` (the paper: "5 active clients are randomly
+        selected" of 10): P of N uniformly, FedAvg's draw, whatever their widths — a width
+        none of them has keeps its model that round. ``cover_widths``: redrawn until every
+        width is among them (at most ``MAX_DRAWS`` tries)."""
         rng = rng_for(self.cfg["seed"], "select", rnd)
         k = self.num_to_sample()
         chosen = np.sort(rng.choice(self.num_clients, size=k, replace=False))
-        for _ in range(MAX_DRAWS):  # redraw until every width is among the participants
+        cover = self.cfg["algorithm"]["selection"] == "cover_widths"
+        for _ in range(MAX_DRAWS):  # with cover_widths, redraw until every width is among the participants
             if self.assigned is not None:
                 widths = self.assigned[chosen]
             else:
                 widths = rng.choice(np.asarray(self.widths), size=k)
-            if set(widths.tolist()) == set(self.widths):
+            if not cover or set(widths.tolist()) == set(self.widths):
                 break
             if self.assigned is not None:
                 chosen = np.sort(rng.choice(self.num_clients, size=k, replace=False))
@@ -574,9 +605,10 @@ class SFedHIFIServer(HeteroServer):
         return np.asarray(out)
 
     def view(self, mix: np.ndarray) -> np.ndarray:
-        """M^p (C_out, G, m) as Tucker sees it: the matrix (C_out, G·m) of the authors'
-        1×1 convolution (their ``conv.1.weight``, whose two trailing modes have size 1) or
-        the three modes of Eq. 4."""
+        """M^p as Tucker sees it: ``tensor``, its three modes (Eq. 10; with
+        ``model.factorization: output`` Eq. 4's a2 × C^p/a1 × D^p), or ``matrix``, its first
+        mode × the rest (with ``factorization: input`` the (C_out, G·m) weight of the
+        authors' 1×1 convolution, their ``conv.1.weight``)."""
         return mix.reshape(mix.shape[0], -1) if self.cfg["algorithm"]["tucker_view"] == "matrix" else mix
 
     def fuse(self, layer: int) -> None:

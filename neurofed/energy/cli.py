@@ -17,6 +17,9 @@ def _profile_args(p) -> None:
                         "when present")
     p.add_argument("--samples", type=int, default=None, metavar="N",
                    help="torch pass over the first N test samples only (default: all)")
+    p.add_argument("--convention", choices=("exact", "paper"), default=None,
+                   help="headline energies: exact (measured synaptic ops) or paper (the formula of the run's "
+                        "algorithm's paper); default: the run's energy.convention")
 
 
 def cmd_energy(args) -> int:
@@ -24,7 +27,8 @@ def cmd_energy(args) -> int:
 
     if args.samples is not None and args.samples < 1:
         raise ValueError(f"--samples: got {args.samples}; expected >= 1")
-    result = energy_for_run(args.run_dir, profiles=args.profiles, spikes=args.spikes, samples=args.samples)
+    result = energy_for_run(args.run_dir, profiles=args.profiles, spikes=args.spikes, samples=args.samples,
+                            convention=args.convention)
     print(format_summary(result))
     run = Path(args.run_dir)
     print(f"-> {run / 'energy.json'}, {run / 'plots' / 'energy_layers.png'}")
@@ -35,7 +39,7 @@ def cmd_energy_report(args) -> int:
     from neurofed.energy.report import energy_report
 
     res = energy_report(args.run_dirs, args.out, profiles=args.profiles, spikes=args.spikes,
-                        recompute=args.recompute, samples=args.samples)
+                        recompute=args.recompute, samples=args.samples, convention=args.convention)
     print(Path(res["markdown"]).read_text())
     print(f"-> {res['markdown']}, {res['csv']}, {res['plot']}")
     return 0

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from neurofed.config import DEFAULTS
+from neurofed.energy.conventions import PAPERS, paper_energy, paper_for
 from neurofed.energy.ops import count_layers, neurobench_summary, synapse_masks
 from neurofed.energy.profiles import Profile, load_profiles
 from neurofed.energy.spikes import LAVA_FILE, SpikeMaps, measure_torch, read_lava, read_lava_record
@@ -141,8 +142,14 @@ def price(rows: list[dict], profile: Profile) -> dict:
     return result
 
 
-def compute_energy(layers, maps: SpikeMaps, profiles: list[Profile], masks=None) -> dict:
-    """energy.json's content from a topology, measured spikes and profiles."""
+def compute_energy(layers, maps: SpikeMaps, profiles: list[Profile], masks=None, convention: str = "exact",
+                   algorithm: str = "fedavg") -> dict:
+    """energy.json's content from a topology, measured spikes and profiles.
+
+    ``convention`` (``energy.convention``): ``exact`` headlines the measured count;
+    ``paper`` the formula of ``algorithm``'s paper (:mod:`neurofed.energy.conventions`),
+    the exact figures kept under ``exact``. ``paper_conventions`` always holds all three
+    papers' figures per profile."""
     rows = count_layers(layers, maps.input_maps, maps.output_spikes, maps.samples, maps.timesteps,
                         masks=masks, analog_input=maps.analog_input)
     priced = {p.name: price(rows, p) for p in profiles}
@@ -157,9 +164,10 @@ def compute_energy(layers, maps: SpikeMaps, profiles: list[Profile], masks=None)
                      "SFedHIFI Eq. 16 (the input is constant over T; SLAYER recomputes it every step)")
     notes.append("synaptic_ops count only synapses whose 8-bit quantized weight is nonzero "
                  "(NeuroBench Effective_ACs); synaptic_ops_all_weights keeps zero weights")
-    notes.append("pool layers are counted on both sides (FedSNN/SFedCA leave them out)")
-    return {
+    papers = {p.name: {paper: paper_energy(rows, p, paper, maps.timesteps) for paper in PAPERS} for p in profiles}
+    result = {
         "profile": first,
+        "convention": convention,
         "snn_energy_j": head["snn_energy_j"],
         "ann_energy_j": head["ann_energy_j"],
         "ann_over_snn": head["ann_over_snn"],
@@ -172,7 +180,21 @@ def compute_energy(layers, maps: SpikeMaps, profiles: list[Profile], masks=None)
                    "timesteps": maps.timesteps, "analog_input": maps.analog_input},
         "accuracy": maps.accuracy,
         "notes": notes,
+        "paper_conventions": papers,
     }
+    if convention == "paper":
+        paper = paper_for(algorithm)
+        result["paper"] = paper
+        keys = ("snn_energy_j", "ann_energy_j", "ann_over_snn")
+        for name, entry in [(first, result)] + list(result["profiles"].items()):
+            entry["exact"] = {k: entry[k] for k in keys}
+            entry.update({k: papers[name][paper][k] for k in keys})
+        notes.append(f"convention paper: headline energies by {paper}'s formula "
+                     f"(neurofed.energy.conventions); the measured count is under 'exact'")
+    else:
+        notes.append("pool layers are counted on both sides (FedSNN/SFedCA leave them out; "
+                     "paper_conventions has their formulas)")
+    return result
 
 
 def _ann_only(layers, profiles: list[Profile]) -> dict:
@@ -197,8 +219,10 @@ def _ann_only(layers, profiles: list[Profile]) -> dict:
 
 
 def energy_for_run(run_dir: str | Path, profiles=None, spikes: str = "torch", samples: int | None = None,
-                   exp=None, write: bool = True, plots: bool = True, targets=None) -> dict:
-    """Count, price and (by default) write RUN_DIR/energy.json and its plots."""
+                   exp=None, write: bool = True, plots: bool = True, targets=None,
+                   convention: str | None = None) -> dict:
+    """Count, price and (by default) write RUN_DIR/energy.json and its plots.
+    ``convention``: ``exact`` | ``paper`` (default: the run's ``energy.convention``)."""
     if spikes not in SPIKE_SOURCES:
         raise ValueError(f"--spikes: got {spikes!r}; allowed: {', '.join(SPIKE_SOURCES)}")
     run = load_run(run_dir, exp=exp)
@@ -209,7 +233,9 @@ def energy_for_run(run_dir: str | Path, profiles=None, spikes: str = "torch", sa
         result = _ann_only(model.layers, profs)
     else:
         maps = _measure(run, spikes, samples)
-        result = compute_energy(model.layers, maps, profs, masks=synapse_masks(model))
+        result = compute_energy(model.layers, maps, profs, masks=synapse_masks(model),
+                                convention=convention or run.cfg.get("energy", {}).get("convention", "exact"),
+                                algorithm=run.cfg["algorithm"]["name"])
     result["run"] = {
         "dir": str(run.run_dir), "dataset": run.cfg["data"]["name"], "model": run.cfg["model"]["name"],
         "model_kind": run.cfg["model"].get("kind", "snn"), "width": run.cfg["model"].get("width", 1.0),
@@ -351,11 +377,12 @@ def _fmt(v) -> str:
 
 
 def energy_report(run_dirs, out: str | Path, profiles=None, spikes: str = "torch", recompute: bool = False,
-                  samples: int | None = None) -> dict:
+                  samples: int | None = None, convention: str | None = None) -> dict:
     """One table (markdown + CSV) and one plot across runs, datasets and profiles.
 
     Uses each run's energy.json when it exists (and ``profiles`` is not given or it
-    already has them), else computes it.
+    already has them, and ``convention`` is not given or is its convention), else
+    computes it.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -366,8 +393,9 @@ def energy_report(run_dirs, out: str | Path, profiles=None, spikes: str = "torch
         path = Path(d) / ENERGY_FILE
         res = json.loads(path.read_text()) if path.is_file() and not recompute else None
         wanted = [p.name for p in load_profiles(profiles)] if profiles else None
-        if res is None or (wanted and not all(w in res.get("profiles", {}) for w in wanted)):
-            res = energy_for_run(d, profiles=profiles, spikes=spikes, samples=samples)
+        if res is None or (wanted and not all(w in res.get("profiles", {}) for w in wanted)) \
+                or (convention and res.get("convention", "exact") != convention):
+            res = energy_for_run(d, profiles=profiles, spikes=spikes, samples=samples, convention=convention)
         if wanted:
             res = dict(res, profiles={k: v for k, v in res["profiles"].items() if k in wanted})
         results.append(res)

@@ -106,15 +106,16 @@ class Experiment:
         return ClientData(cid, self.x_train[idx], self.y_train[idx], self.dataset.num_classes)
 
     def survivors(self, rnd: int, chosen: list[int]) -> list[int]:
-        """FedSNN's straggler rule: each selected client drops with probability q,
-        but at least one of them always replies."""
+        """FedSNN's straggler rule (Venkatesha et al. 2021, Sec. IV-D): of the P selected
+        clients one, drawn uniformly, always replies ("one out of P participating clients
+        is guaranteed to send the update"); each of the other P − 1 drops with probability
+        q = ``federation.straggler_prob``. E[survivors] = 1 + (P − 1)(1 − q)."""
         q = self.cfg["federation"]["straggler_prob"]
         if q <= 0 or not chosen:
             return list(chosen)
         rng = rng_for(self.cfg["seed"], "straggler", rnd)
         keep = rng.random(len(chosen)) >= q
-        if not keep.any():
-            keep[rng.integers(len(chosen))] = True
+        keep[rng.integers(len(chosen))] = True  # the guaranteed reply
         return [c for c, k in zip(chosen, keep) if k]
 
     # ------------------------------------------------------------------ one round

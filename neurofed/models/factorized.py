@@ -1,21 +1,32 @@
 """Factorized spiking convolution: SFedHIFI's channel-wise matrix decomposition
 (Tao et al. 2025, ``shared/papers/sfedhifi-tao2025.md``, Eq. 4), as a SLAYER block.
 
-A k×k convolution from C_in to C_out channels is written as a width-independent
-**filter bank** B of ``m`` filters, each k×k over a group of ``n`` input channels,
-and a width-specific 1×1 **mixing factor** M^p:
+A k×k convolution from D = C_in to C = C_out channels is W^p ≈ B · M^p with a filter bank
+B whose shape is the same at every width and a width-specific factor M^p. Two layouts
+(``model.factorization``):
 
-    B ∈ R^{m × n × k × k}              (m = round(bank_fraction · C_out at width 1),
-                                         n = round(group_fraction · C_in at width 1))
-    M^p ∈ R^{C_out^p × G^p × m}        (G^p = ceil(C_in^p / n) input-channel groups)
-    W^p[o, g·n + j] = Σ_b M^p[o, g, b] · B[b, j]          (Eq. 4: W^p = B · M^p)
+``output`` (default; Eq. 4 as printed) — B groups *output* channels:
 
-i.e. the bank is applied to every group of n input channels (the same m filters for
-each group) and M^p mixes the G^p·m responses into the C_out^p outputs. When C_in^p
-is not a multiple of n the last group is cut short (its missing channels dropped).
-B's shape depends only on the width-1 network, so all widths share it; M^p's depends
-on the width. The fractions 0.25 and 0.125 are those of the SFedHIFI authors'
-4-layer CNN (``--n_basis 0.25 --basis_fraction 0.125``).
+    B ∈ R^{a2 × a1 × k × k}            (Eq. 4's k² × a1 × a2, axes ordered bank-first;
+                                         a2 = round(bank_fraction · C at width 1),
+                                         a1 = round(group_fraction · C at width 1))
+    M^p ∈ R^{a2 × G^p × D^p}           (Eq. 4's a2 × C^p/a1 × D^p; G^p = ceil(C^p / a1))
+    W^p[g·a1 + j, d] = Σ_b M^p[b, g, d] · B[b, j]
+
+i.e. each block of a1 output channels' k×k filters on input channel d is a mix of the
+a2 bank elements (each a1 filters). The 3-mode M^p is what HIFI Tucker-decomposes
+(Eq. 10–12).
+
+``input`` (the SFedHIFI authors' code, FLANC-style) — B groups *input* channels:
+
+    B ∈ R^{m × n × k × k}              (m = round(bank_fraction · C at width 1),
+                                         n = round(group_fraction · D at width 1))
+    M^p ∈ R^{C^p × G^p × m}            (G^p = ceil(D^p / n) input-channel groups)
+    W^p[o, g·n + j] = Σ_b M^p[o, g, b] · B[b, j]
+
+When C^p (output) or D^p (input) is not a multiple of the group size the last group is
+cut short. The fractions 0.25 and 0.125 are those of the SFedHIFI authors' 4-layer CNN
+(``--n_basis 0.25 --basis_fraction 0.125``).
 
 The forward pass uses the fused kernel W = B·M through the synapse's 8-bit
 quantization hook, so the block is a plain SLAYER CUBA ``Conv`` as far as netx,
@@ -44,14 +55,28 @@ NO_WEIGHT_NORM = ("model.weight_norm: the factorized convolution has no single w
                   "set model.weight_norm: false")
 
 
-def bank_geometry(full_in: int, full_out: int, bank_fraction: float, group_fraction: float) -> tuple[int, int]:
-    """(m filters, n input channels per group) of a layer whose width-1 version maps
-    ``full_in`` to ``full_out`` channels."""
-    return max(1, round(bank_fraction * full_out)), max(1, round(group_fraction * full_in))
+LAYOUTS = ("output", "input")
 
 
-def fuse(bank: torch.Tensor, mix: torch.Tensor, in_channels: int) -> torch.Tensor:
-    """Eq. 4: the (C_out, C_in, k, k) kernel of ``bank`` (m, n, k, k) mixed by ``mix`` (C_out, G, m)."""
+def bank_geometry(full_in: int, full_out: int, bank_fraction: float, group_fraction: float,
+                  layout: str = "output") -> tuple[int, int]:
+    """(bank elements, channels per group) of a layer whose width-1 version maps
+    ``full_in`` to ``full_out`` channels: ``output`` (a2, a1), both from C = ``full_out``;
+    ``input`` (m, n), m from ``full_out`` and n from ``full_in``."""
+    group_of = full_out if layout == "output" else full_in
+    return max(1, round(bank_fraction * full_out)), max(1, round(group_fraction * group_of))
+
+
+def fuse(bank: torch.Tensor, mix: torch.Tensor, in_channels: int, out_channels: int | None = None,
+         layout: str = "input") -> torch.Tensor:
+    """Eq. 4: the (C_out, C_in, k, k) kernel of ``bank`` and ``mix`` in ``layout``
+    (``output``: bank (a2, a1, k, k), mix (a2, G, C_in); ``input``: bank (m, n, k, k),
+    mix (C_out, G, m))."""
+    if layout == "output":
+        _, groups, _ = mix.shape
+        _, a1, kh, kw = bank.shape
+        w = torch.einsum("bgd,bjhw->gjdhw", mix, bank).reshape(groups * a1, mix.shape[2], kh, kw)
+        return w[:out_channels]
     c_out, groups, _ = mix.shape
     _, n, kh, kw = bank.shape
     w = torch.einsum("ogb,bjhw->ogjhw", mix, bank).reshape(c_out, groups * n, kh, kw)
@@ -76,7 +101,8 @@ class FactorizedConvSynapse(slayer.synapse.layer.GenericLayer):
     """
 
     def __init__(self, in_features: int, out_features: int, kernel_size: int, bank_filters: int, group_size: int,
-                 stride: int = 1, padding: int = 0, weight_scale: float = 1, pre_hook_fx=None):
+                 stride: int = 1, padding: int = 0, weight_scale: float = 1, pre_hook_fx=None,
+                 layout: str = "input"):
         super().__init__()
         self.in_channels, self.out_channels = int(in_features), int(out_features)
         self.kernel_size = (kernel_size, kernel_size, 1)
@@ -86,21 +112,30 @@ class FactorizedConvSynapse(slayer.synapse.layer.GenericLayer):
         self.groups = 1  # of the fused convolution; the bank's input groups live in ``mix``
         self.bias = None
         self._pre_hook_fx = pre_hook_fx
-        groups = math.ceil(self.in_channels / group_size)
+        if layout not in LAYOUTS:
+            raise ValueError(f"model.factorization: got {layout!r}; allowed: {', '.join(LAYOUTS)}")
+        self.layout = layout
         self.bank = nn.Parameter(torch.empty(bank_filters, group_size, kernel_size, kernel_size))
-        self.mix = nn.Parameter(torch.empty(self.out_channels, groups, bank_filters))
-        # Orthonormal bank filters (the authors' init, and the optimum of Eq. 13's term);
-        # M as a 1×1 conv over the G·m bank responses, so that W's entries have the
-        # spread of SLAYER's default conv init (U(±1/sqrt(fan_in))).
+        if layout == "output":
+            groups = math.ceil(self.out_channels / group_size)
+            self.mix = nn.Parameter(torch.empty(bank_filters, groups, self.in_channels))
+            # B's rows orthonormal (entries' variance 1/(a1 k²)): var(W) = a2 var(M) / (a1 k²)
+            # = 1/(3 D k²), SLAYER's default conv init U(±1/sqrt(D k²)), for |M| <= sqrt(a1 / (a2 D)).
+            bound = math.sqrt(group_size / (bank_filters * self.in_channels))
+        else:
+            groups = math.ceil(self.in_channels / group_size)
+            self.mix = nn.Parameter(torch.empty(self.out_channels, groups, bank_filters))
+            # M as a 1×1 conv over the G·m bank responses: the same spread of W.
+            bound = 1.0 / math.sqrt(groups * bank_filters)
+        # Orthonormal bank filters (the authors' init, and the optimum of Eq. 13's term).
         nn.init.orthogonal_(self.bank.data.view(bank_filters, -1))
-        bound = 1.0 / math.sqrt(groups * bank_filters)
         nn.init.uniform_(self.mix, -bound, bound)
         if weight_scale != 1:
             self.mix.data.mul_(weight_scale)
 
     @property
     def weight(self) -> torch.Tensor:
-        return fuse(self.bank, self.mix, self.in_channels).unsqueeze(-1)
+        return fuse(self.bank, self.mix, self.in_channels, self.out_channels, self.layout).unsqueeze(-1)
 
     def enable_weight_norm(self):
         raise ValueError(NO_WEIGHT_NORM)
@@ -113,7 +148,7 @@ class FactorizedConvSynapse(slayer.synapse.layer.GenericLayer):
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel={self.kernel_size[0]}, "
-                f"bank={tuple(self.bank.shape)}, mix={tuple(self.mix.shape)}")
+                f"bank={tuple(self.bank.shape)}, mix={tuple(self.mix.shape)}, layout={self.layout}")
 
 
 class FactorizedConv(slayer.block.cuba.Conv):
@@ -125,24 +160,25 @@ class FactorizedConv(slayer.block.cuba.Conv):
 
     def __init__(self, neuron_params: dict, in_features: int, out_features: int, kernel_size: int,
                  bank_filters: int, group_size: int, stride: int = 1, padding: int = 0,
-                 weight_scale: float = 1, weight_norm: bool = False, pre_hook_fx=None):
+                 weight_scale: float = 1, weight_norm: bool = False, pre_hook_fx=None, layout: str = "input"):
         if weight_norm:
             raise ValueError(NO_WEIGHT_NORM)
         super().__init__(neuron_params, in_features, out_features, kernel_size, stride=stride, padding=padding,
                          pre_hook_fx=pre_hook_fx)
         self.synapse = FactorizedConvSynapse(in_features, out_features, kernel_size, bank_filters, group_size,
                                              stride=stride, padding=padding, weight_scale=weight_scale,
-                                             pre_hook_fx=pre_hook_fx)
+                                             pre_hook_fx=pre_hook_fx, layout=layout)
 
 
 def factorized_conv_block(layer: Layer, params: dict, syn: dict) -> FactorizedConv:
     """The SNN builder's entry for ``Layer.options["block"] == "factorized_conv"``;
     options: ``full_in``/``full_out`` (the layer's channels at width 1),
-    ``bank_fraction``, ``group_fraction``."""
+    ``bank_fraction``, ``group_fraction``, ``factorization`` (the layout)."""
     o = layer.options
-    m, n = bank_geometry(o["full_in"], o["full_out"], o["bank_fraction"], o["group_fraction"])
+    layout = o.get("factorization", "output")
+    m, n = bank_geometry(o["full_in"], o["full_out"], o["bank_fraction"], o["group_fraction"], layout)
     return FactorizedConv(params, layer.in_shape[0], layer.out, layer.kernel, m, n, stride=layer.stride,
-                          padding=layer.padding, **syn)
+                          padding=layer.padding, layout=layout, **syn)
 
 
 def factorized_synapses(model: nn.Module) -> list[FactorizedConvSynapse]:
