@@ -361,7 +361,7 @@ def _svhn_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
     expected = "SVHN's cropped-digit .mat (MATLAB v5) with X 32x32x3xN uint8 and y Nx1 labels 1-10"
     try:
         m = scipy.io.loadmat(path, variable_names=("X", "y"))
-    except (ValueError, TypeError, OSError, NotImplementedError) as exc:
+    except (ValueError, TypeError, OSError, NotImplementedError, scipy.io.matlab.MatReadError) as exc:
         problem = f"not a readable MATLAB v5 file ({exc})".splitlines()[0]
         raise _malformed(path, problem, expected) from None
     x, y = m.get("X"), m.get("y")
@@ -397,7 +397,7 @@ def _count_svhn(files: dict) -> dict:
     for role, path in files.items():
         try:
             shapes = {name: shape for name, shape, _ in scipy.io.whosmat(path)}
-        except (ValueError, TypeError, OSError, NotImplementedError):
+        except (ValueError, TypeError, OSError, NotImplementedError, scipy.io.matlab.MatReadError):
             shapes = {}
         if len(shapes.get("X", ())) != 4:
             raise _malformed(path, "no 32x32x3xN X", "SVHN's cropped-digit .mat (MATLAB v5)")
@@ -498,16 +498,16 @@ def load_image_set(spec: ImageSet, data_cfg: dict) -> Dataset:
 def describe(spec: ImageSet, root) -> dict:
     """What ``neurofed datasets`` shows: found or not, shape, classes, split sizes."""
     row = {"name": spec.name, "shape": spec.shape, "classes": spec.num_classes, "layout": spec.layout}
+    missing = {**row, "found": False, "where": None, "train": spec.sizes[0], "test": spec.sizes[1],
+               "sizes_from": "published"}
     try:
         release, folder, files = spec.find(root)
-    except DataFileError as exc:
-        return {**row, "found": False, "where": str(exc), "train": spec.sizes[0], "test": spec.sizes[1],
-                "sizes_from": "published"}
+    except DataFileError as exc:  # a partial set is worth its message; an absent one only the layout
+        return {**missing, "problem": str(exc) if "incomplete" in str(exc) else None}
     try:
         counts = release.count(files)
     except DataFileError as exc:
-        return {**row, "found": False, "where": str(exc), "train": spec.sizes[0], "test": spec.sizes[1],
-                "sizes_from": "published"}
+        return {**missing, "problem": str(exc)}
     where = f"{folder} ({release.name}{', with extra' if 'extra' in files else ''})"
     row.update(found=True, where=where, train=counts["train"], test=counts["test"], sizes_from="files")
     if "extra" in counts:
