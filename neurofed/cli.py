@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "neurofed.energy.cli",  # energy, energy-report
     "neurofed.sweep",  # sweep, report
     "neurofed.plots",  # coverage
+    "neurofed.data.catalog",  # datasets
 )
 
 

@@ -51,7 +51,15 @@ DEFAULTS: dict[str, Any] = {
         "downsample": 1,  # integer spatial downsampling factor of event data (1 = full size)
         "denoise_us": None,  # tonic Denoise filter_time in µs; null = off
         "contrast_threshold": 0.15,  # log-intensity threshold of the synthetic event camera
-        "cache": None,  # folder for binned event frames; null = <root>/.neurofed_cache
+        "cache": None,  # folder for decoded images / binned event frames; null = <root>/.neurofed_cache
+        # a stratified, seeded slice of a split: a count (>= 1) or a fraction in (0, 1]; null = all
+        "train_subset": None,
+        "test_subset": None,
+        "cifar100_labels": "fine",  # cifar100: fine (100 classes) | coarse (20 superclasses)
+        "svhn_extra": False,  # svhn: append extra_32x32.mat to the training split
+        # direct encoding / ANN twin: per-channel (pixel in [0, 1] - mean) / std; null = none
+        "mean": None,
+        "std": None,
     },
     "partition": {
         "scheme": "iid",
@@ -227,6 +235,47 @@ def _milestones(v):
     return "expected a list of increasing round numbers >= 1 (the lr is multiplied by federation.lr_gamma after each)"
 
 
+def _subset(v):
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return "expected a count >= 1, a fraction in (0, 1], or null (all)"
+    if isinstance(v, numbers.Integral):
+        return None if v >= 1 else "expected a count >= 1, a fraction in (0, 1], or null (all)"
+    return None if 0 < v <= 1 else "expected a fraction in (0, 1], a count >= 1, or null (all)"
+
+
+def _channel_values(positive: bool) -> Check:
+    def check(v):
+        if v is None:
+            return None
+        if isinstance(v, numbers.Real) and not isinstance(v, bool):
+            v = [v]
+        if (not isinstance(v, (list, tuple)) or not v
+                or not all(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in v)):
+            return "expected a number or a list of one number per input channel, or null"
+        if positive and any(x <= 0 for x in v):
+            return "expected values > 0"
+        return None
+
+    return check
+
+
+def _data_cross_checks(d: dict) -> list[str]:
+    """Keys that only make sense together with others (the load checks the rest)."""
+    problems = []
+    if (d.get("mean") is not None or d.get("std") is not None) and d.get("encoding") not in ("direct",):
+        problems.append(f"data.mean / data.std: set with data.encoding {d.get('encoding')!r}; normalisation "
+                        "applies to direct (analog) input only: rate coding needs pixels in [0, 1] as spike "
+                        "probabilities")
+    if d.get("cifar100_labels") == "coarse" and d.get("name") != "cifar100":
+        problems.append(f"data.cifar100_labels: got 'coarse'; only cifar100 has coarse labels "
+                        f"(data.name is {d.get('name')!r})")
+    if d.get("svhn_extra") is True and d.get("name") != "svhn":
+        problems.append(f"data.svhn_extra: got true; only svhn has an extra split (data.name is {d.get('name')!r})")
+    return problems
+
+
 def _optional_str(v):
     return None if v is None or isinstance(v, str) else "expected a path or null"
 
@@ -255,6 +304,12 @@ def _checks() -> dict[str, Check]:
         "data.denoise_us": number(0, lo_open=True, nullable=True),
         "data.contrast_threshold": number(0, lo_open=True),
         "data.cache": _optional_str,
+        "data.train_subset": _subset,
+        "data.test_subset": _subset,
+        "data.cifar100_labels": choice(("fine", "coarse")),
+        "data.svhn_extra": boolean,
+        "data.mean": _channel_values(False),
+        "data.std": _channel_values(True),
         "partition.scheme": choice(SCHEMES),
         "partition.num_clients": number(1, integer=True),
         "partition.alpha": number(0, lo_open=True),
@@ -331,6 +386,8 @@ def validate(cfg: dict) -> dict:
     else:
         problems.extend(get_algorithm_class(name).validate_config(algo, cfg))
 
+    if not problems:
+        problems.extend(_data_cross_checks(cfg.get("data", {})))
     if not problems:
         p, f = cfg["partition"], cfg["federation"]
         if f["clients_per_round"] > p["num_clients"]:

@@ -579,7 +579,9 @@ class SFedHIFIServer(HeteroServer):
     def rate_batch(self) -> torch.Tensor:
         ds, a = self.dataset, self.cfg["algorithm"]
         x = ds.x_test if a["rate_data"] == "test" else ds.x_train
-        return torch.as_tensor(np.asarray(x[:a["rate_samples"]], dtype=np.float32))
+        from neurofed.data.encoding import as_tensor
+
+        return as_tensor(np.asarray(x[:a["rate_samples"]]))
 
     def layer_rates(self, width: float) -> np.ndarray:
         """r_L (Eq. 7) of each factorized layer of ``width``'s global model: spikes per

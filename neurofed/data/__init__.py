@@ -2,7 +2,8 @@
 
 A dataset loader is a function ``(data_cfg: dict, seed: int) -> Dataset`` registered
 with :func:`register_dataset`. Datasets that are not embedded read from
-``data.root`` and never download.
+``data.root`` and never download. ``data.train_subset`` / ``data.test_subset`` cut
+any of them to a stratified, seeded slice (:mod:`neurofed.data.subset`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def register_dataset(name: str):
 
 def _ensure_builtin():
     # Importing the modules registers their datasets.
-    from neurofed.data import digits  # noqa: F401
+    from neurofed.data import digits, images  # noqa: F401
 
     try:
         from neurofed.data import events  # noqa: F401
@@ -42,7 +43,9 @@ def load_dataset(data_cfg: dict, seed: int = 0) -> Dataset:
     name = data_cfg.get("name")
     if name not in _REGISTRY:
         raise ValueError(f"data.name: unknown dataset {name!r}; known: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name](data_cfg, seed)
+    from neurofed.data.subset import apply_subsets
+
+    return apply_subsets(_REGISTRY[name](data_cfg, seed), data_cfg, seed)
 
 
 __all__ = ["Dataset", "register_dataset", "dataset_names", "load_dataset"]

@@ -12,10 +12,13 @@ class Dataset:
     """Train and test split of one dataset, ready for partitioning and encoding.
 
     ``kind`` says what the samples are:
-    - ``"image"``: ``x_*`` float32 arrays (N, C, H, W) scaled to [0, 1]; an encoder
-      (rate or direct) turns them into (N, C, H, W, T) inputs.
-    - ``"events"``: ``x_*`` float32 arrays (N, C, H, W, T) of binned event counts
-      (C = 2 polarities) that already are spike tensors; no encoder is applied.
+    - ``"image"``: ``x_*`` arrays (N, C, H, W), either uint8 pixels 0-255 (the file
+      data sets: memory maps of the cache, shared by every client) or float32 in
+      [0, 1] (``digits``); the encoder (rate or direct) scales and turns each batch
+      into (N, C, H, W, T) inputs.
+    - ``"events"``: ``x_*`` arrays (N, C, H, W, T) of binned event counts (C = 2
+      polarities; uint8 frames from the cache) that already are spike tensors; no
+      encoder is applied.
     """
 
     name: str

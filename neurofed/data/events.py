@@ -44,7 +44,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -55,6 +54,7 @@ import numpy.lib.recfunctions  # noqa: F401  (tonic's DVSGesture uses np.lib.rec
 
 from neurofed.data import register_dataset
 from neurofed.data.base import Dataset
+from neurofed.data.cache import build_cached, cache_dir, cache_root, load_cached
 
 log = logging.getLogger(__name__)
 
@@ -154,53 +154,8 @@ class EventFrames:
 # --------------------------------------------------------------------------- cache
 
 
-def _user_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "neurofed"
-
-
 def _cache_root(opts: dict, data_dir: Path | None) -> Path:
-    if opts["cache"]:
-        root = Path(opts["cache"]).expanduser()
-        root.mkdir(parents=True, exist_ok=True)
-        return root
-    if data_dir is not None:
-        root = data_dir / ".neurofed_cache"
-        try:
-            root.mkdir(exist_ok=True)
-            if os.access(root, os.W_OK):
-                return root
-        except OSError:
-            pass
-    root = _user_cache()
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
-def _digest(key: dict) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def cache_dir(cache_root: Path, name: str, key: dict) -> Path:
-    """Folder of the cached frames of ``name`` for the parameters ``key``."""
-    return Path(cache_root) / f"{name}-{_digest(key)}"
-
-
-def _build_cached(folder: Path, key: dict, build: Callable[[Path], dict]) -> None:
-    """Run ``build(tmp)`` (writes the .npy files, returns extra meta) and publish atomically."""
-    tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        meta = build(tmp)
-        (tmp / "meta.json").write_text(json.dumps({"key": key, **meta}, indent=1, default=str))
-        try:
-            os.replace(tmp, folder)
-        except OSError:  # another process published the same frames first
-            if not (folder / "meta.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return cache_root(opts["cache"], data_dir)
 
 
 def _bin_split(path: Path, samples, pipeline: EventFrames, what: str) -> np.ndarray:
@@ -218,13 +173,6 @@ def _bin_split(path: Path, samples, pipeline: EventFrames, what: str) -> np.ndar
     x.flush()
     del x
     return y
-
-
-def _load_cached(folder: Path) -> dict:
-    arrays = {}
-    for f in folder.glob("*.npy"):
-        arrays[f.stem] = np.load(f, mmap_mode="r" if f.stem.startswith("x_") else None)
-    return arrays
 
 
 def _frames_dataset(name: str, opts: dict, sensor_size, cache_root: Path, key: dict,
@@ -254,8 +202,8 @@ def _frames_dataset(name: str, opts: dict, sensor_size, cache_root: Path, key: d
             return {"frame_shape": list(pipeline.shape),
                     "info": {k: v for k, v in extra.items() if not isinstance(v, np.ndarray)}}
 
-        _build_cached(folder, key, build)
-    arrays = _load_cached(folder)
+        build_cached(folder, key, build)
+    arrays = load_cached(folder)
     meta = json.loads((folder / "meta.json").read_text())
     info = {
         **info,

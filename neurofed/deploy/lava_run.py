@@ -83,12 +83,12 @@ def input_spikes(x: np.ndarray, data_cfg: dict, seed: int) -> tuple[np.ndarray, 
     the torch reference sees the same). Direct (analog) input is refused
     (:func:`check_encoding`).
     """
-    from neurofed.data.encoding import encode
+    from neurofed.data.encoding import as_tensor, encode
 
     check_encoding(data_cfg)
     encoding = data_cfg["encoding"]
     notes: dict = {"encoding": encoding}
-    x = torch.as_tensor(np.asarray(x, dtype=np.float32))
+    x = as_tensor(np.asarray(x))  # uint8 pixels are scaled by the encoder
     if encoding == "rate":
         gen = torch.Generator().manual_seed(seed)
         s = encode(x, "rate", data_cfg["timesteps"], gen, data_cfg.get("max_rate", 1.0))

@@ -67,7 +67,9 @@ def load_run(run_dir: str | Path, exp=None) -> LoadedRun:
     from neurofed.deploy.export import load_global_model
 
     rm = load_global_model(run_dir)
-    x = torch.as_tensor(np.asarray(rm.dataset.x_test, dtype=np.float32))
+    from neurofed.data.encoding import as_tensor
+
+    x = as_tensor(rm.dataset.x_test)  # as stored (uint8 pixels stay uint8; encoded per batch)
     return LoadedRun(run_dir, rm.cfg, rm.model, x, torch.as_tensor(rm.dataset.y_test), summary)
 
 

@@ -27,6 +27,7 @@ from neurofed.algorithms import get_algorithm_class
 from neurofed.algorithms.base import ClientData, FitResult
 from neurofed.config import ConfigError, dump_config
 from neurofed.data import load_dataset
+from neurofed.data.encoding import as_tensor
 from neurofed.data.partition import label_counts, partition
 from neurofed.fl.params import ParamSpec
 from neurofed.fl.seeds import rng_for, seed_for
@@ -50,6 +51,12 @@ def load_partitioned(cfg: dict) -> tuple:
         raise ConfigError(f"data.encoding: got {cfg['data']['encoding']!r}; dataset {ds.name} is event data, use events")
     if ds.kind == "image" and cfg["data"]["encoding"] == "events":
         raise ConfigError(f"data.encoding: got 'events'; dataset {ds.name} holds images, use rate or direct")
+    channels = ds.input_shape[0]
+    for key in ("mean", "std"):
+        v = cfg["data"].get(key)
+        if isinstance(v, (list, tuple)) and len(v) not in (1, channels):
+            raise ConfigError(f"data.{key}: got {len(v)} values; {ds.name} has {channels} input channel(s): "
+                              f"give one value per channel or a single number")
     return ds, partition(ds.y_train, ds.num_classes, cfg["partition"], rng_for(cfg["seed"], "partition"))
 
 
@@ -83,9 +90,11 @@ class Experiment:
         self.dataset, self.parts = load_partitioned(cfg)
         ds = self.dataset
         self.counts = label_counts(ds.y_train, self.parts, ds.num_classes)
-        self.x_train = torch.as_tensor(np.asarray(ds.x_train, dtype=np.float32))
+        # as stored (file image sets: one uint8 memory map shared by all clients); the
+        # encoder makes floats per batch
+        self.x_train = as_tensor(ds.x_train)
         self.y_train = torch.as_tensor(ds.y_train)
-        self.x_test = torch.as_tensor(np.asarray(ds.x_test, dtype=np.float32))
+        self.x_test = as_tensor(ds.x_test)
         self.y_test = torch.as_tensor(ds.y_test)
         self.algorithm = get_algorithm_class(cfg["algorithm"]["name"])
         torch.manual_seed(seed_for(cfg["seed"], "init"))
@@ -326,6 +335,8 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
 
     summary = summarize(history, cfg, prior_time + time.perf_counter() - t_run)
     summary["num_params"] = exp.spec.size
+    if exp.dataset.info.get("subset"):  # data.train_subset / data.test_subset: not the whole data set
+        summary["data_subset"] = exp.dataset.info["subset"]
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2).encode())
     from neurofed.plots import plot_accuracy, write_class_coverage
 

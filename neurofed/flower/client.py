@@ -26,6 +26,7 @@ from flwr.common.constant import ErrorCode
 
 from neurofed.algorithms import get_algorithm_class
 from neurofed.algorithms.base import ClientData
+from neurofed.data.encoding import as_tensor
 from neurofed.fl.params import ParamSpec
 from neurofed.fl.runner import load_partitioned
 from neurofed.fl.seeds import seed_for
@@ -55,7 +56,7 @@ class Node:
 
     def data(self, pid: int) -> ClientData:
         ds, idx = self.dataset, self.parts[pid]
-        return ClientData(pid, torch.as_tensor(np.asarray(ds.x_train[idx], dtype=np.float32)),
+        return ClientData(pid, as_tensor(np.asarray(ds.x_train[idx])),
                           torch.as_tensor(ds.y_train[idx]), ds.num_classes)
 
     def eval_model(self, width: float | None = None) -> tuple[torch.nn.Module, ParamSpec]:
