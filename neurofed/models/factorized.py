@@ -35,8 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neurofed.models.snn import slayer
+from neurofed.compat import slayer as _slayer
 from neurofed.models.spec import Layer
+
+slayer = _slayer()  # from compat, not from the model builder: snn imports this module, never the reverse
 
 BANK = "bank"  # parameter names: ``...synapse.bank`` is shared by all widths, ``...synapse.mix`` is not
 MIX = "mix"

@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from neurofed.compat import slayer as _slayer
+from neurofed.models.factorized import factorized_conv_block
+from neurofed.models.residual import residual_join_block
 from neurofed.models.spec import Layer
 
 slayer = _slayer()
@@ -59,16 +61,10 @@ def _dense_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
     return slayer.block.cuba.Dense(params, layer.in_shape[0], layer.out, **syn)
 
 
-def _factorized_conv_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
-    # SFedHIFI's B·M convolution (issue 7); imported on use, like every optional block
-    from neurofed.models.factorized import factorized_conv_block
-
-    return factorized_conv_block(layer, params, syn)
-
-
-# Keyed by Layer.kind, or by Layer.options["block"] when a layer names its builder.
+# Keyed by Layer.kind, or by Layer.options["block"] when a layer names its builder. The
+# block modules import SLAYER from neurofed.compat, never this module (no import circle).
 SNN_BLOCKS = {"conv": _conv_block, "pool": _pool_block, "flatten": _flatten_block, "dense": _dense_block,
-              "factorized_conv": _factorized_conv_block}
+              "factorized_conv": factorized_conv_block, "residual_join": residual_join_block}
 
 
 class SpikingNet(nn.Module):
@@ -99,8 +95,12 @@ class SpikingNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.layer_spikes = []
+        skip = None  # a residual block's input (neurofed.models.residual)
         for layer, block in zip(self.layers, self.blocks):
-            x = block(x)
+            role = layer.options.get("residual")
+            if role == "open":
+                skip = x
+            x = block(x, skip) if role == "close" else block(x)
             if self.record and layer.has_neurons:
                 self.layer_spikes.append(x.detach().flatten(1).sum(1))
             if self.dropout is not None and self.training and layer.kind != "flatten" and block is not self.blocks[-1]:
@@ -127,6 +127,9 @@ class AnnNet(nn.Module):
 
     def __init__(self, layers: list[Layer], model_cfg: dict, logit_scale: float = 1.0):
         super().__init__()
+        if any(layer.options.get("residual") for layer in layers):
+            raise ValueError("model.kind: ann is not built for residual models (resnet18); "
+                             "their energy report prices the ANN twin's MACs from the layer list")
         self.layers = layers
         mods: list[nn.Module] = []
         last = len(layers) - 1

@@ -57,10 +57,8 @@ def resolve(layers: list[Layer], input_shape: tuple[int, int, int]) -> list[Laye
         else:
             raise ValueError(f"layer {i}: unknown kind {layer.kind!r}; allowed: {', '.join(KINDS)}")
         if min(new) < 1:
-            raise ValueError(
-                f"layer {i} ({layer.kind}) gets input {shape} and would output {new}; "
-                f"the input is too small for this model"
-            )
+            raise ValueError(f"layer {i} ({layer.kind}) would shrink {'x'.join(map(str, shape))} to "
+                             f"{'x'.join(map(str, new))}: the input is too small for this model")
         out.append(replace(layer, in_shape=shape, out_shape=new))
         shape = new
     return out
@@ -113,4 +111,7 @@ def register_topology(name: str, fn: Callable[[float, int], list[Layer]]) -> Non
 def topology(name: str, width: float, num_classes: int, input_shape: tuple[int, int, int]) -> list[Layer]:
     if name not in ZOO:
         raise ValueError(f"model.name: unknown model {name!r}; known: {', '.join(sorted(ZOO))}")
-    return resolve(ZOO[name](width, num_classes), input_shape)
+    try:
+        return resolve(ZOO[name](width, num_classes), input_shape)
+    except ValueError as exc:  # one line naming the model and the input, before any training
+        raise ValueError(f"model.name: {name} does not fit {'x'.join(map(str, input_shape))} input: {exc}") from None

@@ -1,0 +1,84 @@
+"""Residual basic block (He et al. 2016) of SLAYER CUBA parts, as SFedHIFI's Spiking-ResNet18
+(Tao et al. 2025, "Model Selection"; the authors' ``spiking_resnet_flanc.py``).
+
+A basic block is two layers of the model's layer list:
+
+- the **open** layer (``options["residual"] == "open"``): a CUBA ``Conv`` block, 3×3 with the
+  block's stride; the model keeps its input ``x`` as the shortcut;
+- the **close** layer (``options["block"] == "residual_join"``): :class:`ResidualJoin`, whose
+  synaptic current is ``conv3x3(h) + shortcut(x)`` before one CUBA neuron, the shortcut being
+  the identity or, where the stride or channels change, a 1×1 convolution with the stride.
+
+As the authors' block (``out = bn2(conv2(sn1(bn1(conv1(x))))) + downsample(x); sn2(out)``),
+the sum is taken on currents, before the second neuron; neurofed has no batch norm (netx
+and Lava have none). Every SLAYER block delays its spikes by one step, so the shortcut is
+delayed by one step too, to meet the conv path in time.
+
+Netx loads feed-forward chains only: :attr:`ResidualJoin.export_refusal` is the reason
+``neurofed export`` gives. The energy module counts the 3×3 synapse as any conv layer and
+the shortcut from the spikes that enter it (``neurofed.energy.ops``).
+
+Kept free of :mod:`neurofed.models.snn` (which imports this module): SLAYER comes from
+:mod:`neurofed.compat`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neurofed.compat import slayer as _slayer
+from neurofed.models.factorized import NO_WEIGHT_NORM, FactorizedConvSynapse, bank_geometry
+from neurofed.models.spec import Layer
+
+slayer = _slayer()
+
+EXPORT_REFUSAL = ("residual connection: netx (lava-dl 0.6) loads feed-forward chains of Conv/Pool/Flatten/"
+                  "Dense blocks only; this model trains and is energy-counted, but cannot be exported")
+
+
+def shortcut_layer(layer: Layer, skip_shape: tuple) -> Layer | None:
+    """The 1×1 strided conv of a close layer's shortcut as a resolved :class:`Layer`
+    (None for the identity): what the energy count prices."""
+    o = layer.options
+    if o.get("skip_stride", 1) == 1 and skip_shape[0] == layer.out:
+        return None
+    return Layer("conv", layer.out, kernel=1, stride=o.get("skip_stride", 1), in_shape=tuple(skip_shape),
+                 out_shape=tuple(layer.out_shape))
+
+
+class ResidualJoin(nn.Module):
+    """The close layer of a basic block: 3×3 synapse on ``h`` + shortcut of ``skip``,
+    one CUBA neuron, the blocks' one-step delay. ``forward(h, skip)``."""
+
+    export_refusal = EXPORT_REFUSAL
+
+    def __init__(self, neuron_params: dict, layer: Layer, syn: dict):
+        super().__init__()
+        o = layer.options
+        in_c, out = layer.in_shape[0], layer.out
+        pad = layer.kernel // 2
+        if o.get("factorized"):
+            m, n = bank_geometry(o["full_in"], o["full_out"], o["bank_fraction"], o["group_fraction"])
+            if syn["weight_norm"]:
+                raise ValueError(NO_WEIGHT_NORM)
+            self.synapse = FactorizedConvSynapse(in_c, out, layer.kernel, m, n, padding=pad,
+                                                 weight_scale=syn["weight_scale"], pre_hook_fx=syn["pre_hook_fx"])
+        else:
+            self.synapse = slayer.synapse.Conv(in_c, out, layer.kernel, padding=pad, **syn)
+        skip_c, stride = o["skip_channels"], o.get("skip_stride", 1)
+        self.shortcut = (slayer.synapse.Conv(skip_c, out, 1, stride=stride, **syn)
+                         if stride != 1 or skip_c != out else None)
+        self.neuron = slayer.neuron.cuba.Neuron(**neuron_params)
+        self.delay_shift = True
+
+    def forward(self, h: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        skip = F.pad(skip[..., :-1], (1, 0))  # one step later: the conv path went through one block
+        z = self.synapse(h) + (skip if self.shortcut is None else self.shortcut(skip))
+        return slayer.block.base.step_delay(self, self.neuron(z))
+
+
+def residual_join_block(layer: Layer, params: dict, syn: dict) -> ResidualJoin:
+    """The SNN builder's entry for ``Layer.options["block"] == "residual_join"``."""
+    return ResidualJoin(params, layer, syn)
