@@ -74,6 +74,7 @@ DEFAULTS: dict[str, Any] = {
         "weight_norm": False,
         "quantize": True,  # 8-bit weights as on Loihi (SLAYER's quantize_8bit hook)
         "dropout": 0.0,
+        "delay_shift": True,  # SLAYER's one-step delay per block (Lava's timing); false: the papers' T
         # factorized convolutions (hifi_cnn; SFedHIFI Eq. 4): bank filters per width-1 output
         # channel, input channels per group per width-1 input channel (the authors' values)
         "bank_fraction": 0.25,
@@ -257,6 +258,7 @@ def _checks() -> dict[str, Check]:
         "model.weight_norm": boolean,
         "model.quantize": boolean,
         "model.dropout": number(0, 1),
+        "model.delay_shift": boolean,
         "model.bank_fraction": number(0, 1, lo_open=True),
         "model.group_fraction": number(0, 1, lo_open=True),
         "federation.rounds": number(1, integer=True),

@@ -144,7 +144,7 @@ def price(rows: list[dict], profile: Profile) -> dict:
 def compute_energy(layers, maps: SpikeMaps, profiles: list[Profile], masks=None) -> dict:
     """energy.json's content from a topology, measured spikes and profiles."""
     rows = count_layers(layers, maps.input_maps, maps.output_spikes, maps.samples, maps.timesteps,
-                        masks=masks, analog_input=maps.analog_input)
+                        masks=masks, analog_input=maps.analog_input, skip_maps=maps.skip_maps)
     priced = {p.name: price(rows, p) for p in profiles}
     for j, r in enumerate(rows):
         r["energy"] = {name: {k: v for k, v in res["layers"][j].items() if k != "name"}
@@ -158,6 +158,9 @@ def compute_energy(layers, maps: SpikeMaps, profiles: list[Profile], masks=None)
     notes.append("synaptic_ops count only synapses whose 8-bit quantized weight is nonzero "
                  "(NeuroBench Effective_ACs); synaptic_ops_all_weights keeps zero weights")
     notes.append("pool layers are counted on both sides (FedSNN/SFedCA leave them out)")
+    if any(r.get("shortcut") for r in rows):
+        notes.append("residual joins include their shortcut: a 1x1 conv counted as any conv (all weights), "
+                     "an identity as one accumulate per shortcut spike and no MAC")
     return {
         "profile": first,
         "snn_energy_j": head["snn_energy_j"],

@@ -13,9 +13,9 @@ config validation lists the zoo).
 - ``resnet18`` — a spiking ResNet-18 as SFedHIFI's (Tao et al. 2025, "Model Selection":
   SpikingJelly's Spiking-ResNet18; the authors' ``spiking_resnet_flanc.py`` for CIFAR):
   64C3 stem (full width at every p), four stages of two basic blocks with 64/128/256/512·p
-  channels and strides 1/2/2/2, global average pool, FC. The authors' pool is an
-  ``AdaptiveAvgPool2d``; here a 4×4 SLAYER pool (4×4 is layer4's output for 32×32 and
-  28×28 input); their output neuron spikes, as here. No batch norm (netx/Lava have none).
+  channels and strides 1/2/2/2, global average pool (a SLAYER pool as large as layer4's
+  output, 4×4 for 32×32 input: the authors' ``AdaptiveAvgPool2d``), FC; their output neuron
+  spikes, as here. No batch norm (netx/Lava have none).
 - ``hifi_resnet18`` — the same with SFedHIFI's factorized 3×3 convolutions in every basic
   block (Eq. 4; the authors' ``DecomBlock``), the stem and the 1×1 shortcuts plain as theirs.
   A bank's input groups are sized from each conv's own width-1 input channels (the authors
@@ -67,7 +67,7 @@ def _resnet18(p: float, k: int, factorized: bool = False) -> list[Layer]:
                                       skip_channels=channels, skip_stride=s))
             channels = out
         full_prev = full
-    return layers + [Layer("pool", kernel=4, stride=4), Layer("flatten"), Layer("dense", k)]
+    return layers + [Layer("pool", kernel=0), Layer("flatten"), Layer("dense", k)]  # kernel 0: global pool
 
 
 register_topology("sfedca_mnist", _sfedca_mnist)

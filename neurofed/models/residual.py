@@ -12,7 +12,8 @@ A basic block is two layers of the model's layer list:
 As the authors' block (``out = bn2(conv2(sn1(bn1(conv1(x))))) + downsample(x); sn2(out)``),
 the sum is taken on currents, before the second neuron; neurofed has no batch norm (netx
 and Lava have none). Every SLAYER block delays its spikes by one step, so the shortcut is
-delayed by one step too, to meet the conv path in time.
+delayed by one step too, to meet the conv path in time (with ``model.delay_shift: false``
+neither is).
 
 Netx loads feed-forward chains only: :attr:`ResidualJoin.export_refusal` is the reason
 ``neurofed export`` gives. The energy module counts the 3×3 synapse as any conv layer and
@@ -38,16 +39,6 @@ EXPORT_REFUSAL = ("residual connection: netx (lava-dl 0.6) loads feed-forward ch
                   "Dense blocks only; this model trains and is energy-counted, but cannot be exported")
 
 
-def shortcut_layer(layer: Layer, skip_shape: tuple) -> Layer | None:
-    """The 1×1 strided conv of a close layer's shortcut as a resolved :class:`Layer`
-    (None for the identity): what the energy count prices."""
-    o = layer.options
-    if o.get("skip_stride", 1) == 1 and skip_shape[0] == layer.out:
-        return None
-    return Layer("conv", layer.out, kernel=1, stride=o.get("skip_stride", 1), in_shape=tuple(skip_shape),
-                 out_shape=tuple(layer.out_shape))
-
-
 class ResidualJoin(nn.Module):
     """The close layer of a basic block: 3×3 synapse on ``h`` + shortcut of ``skip``,
     one CUBA neuron, the blocks' one-step delay. ``forward(h, skip)``."""
@@ -57,6 +48,8 @@ class ResidualJoin(nn.Module):
     def __init__(self, neuron_params: dict, layer: Layer, syn: dict):
         super().__init__()
         o = layer.options
+        self.delay_shift = syn.get("delay_shift", True)
+        syn = {k: syn[k] for k in ("weight_scale", "weight_norm", "pre_hook_fx")}
         in_c, out = layer.in_shape[0], layer.out
         pad = layer.kernel // 2
         if o.get("factorized"):
@@ -71,12 +64,13 @@ class ResidualJoin(nn.Module):
         self.shortcut = (slayer.synapse.Conv(skip_c, out, 1, stride=stride, **syn)
                          if stride != 1 or skip_c != out else None)
         self.neuron = slayer.neuron.cuba.Neuron(**neuron_params)
-        self.delay_shift = True
 
     def forward(self, h: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
-        skip = F.pad(skip[..., :-1], (1, 0))  # one step later: the conv path went through one block
+        if self.delay_shift:
+            skip = F.pad(skip[..., :-1], (1, 0))  # one step later: the conv path went through one block
         z = self.synapse(h) + (skip if self.shortcut is None else self.shortcut(skip))
-        return slayer.block.base.step_delay(self, self.neuron(z))
+        out = self.neuron(z)
+        return slayer.block.base.step_delay(self, out) if self.delay_shift else out
 
 
 def residual_join_block(layer: Layer, params: dict, syn: dict) -> ResidualJoin:

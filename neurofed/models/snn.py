@@ -38,6 +38,9 @@ def _synapse_kwargs(model_cfg: dict) -> dict:
         "weight_norm": bool(model_cfg.get("weight_norm", False)),
         "pre_hook_fx": quantize_8bit if model_cfg.get("quantize", True) else None,
         "weight_scale": model_cfg.get("weight_scale", 1),
+        # SLAYER's one-step delay per block (as every Lava layer adds one step); off: all layers
+        # see step t at step t, the papers' T (a net of L blocks otherwise loses L-1 steps)
+        "delay_shift": bool(model_cfg.get("delay_shift", True)),
     }
 
 
@@ -50,7 +53,8 @@ def _conv_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
 
 def _pool_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
     # Pool weights are fixed by SLAYER; only the hook matters for export fidelity.
-    return slayer.block.cuba.Pool(params, layer.kernel, stride=layer.stride, pre_hook_fx=syn["pre_hook_fx"])
+    return slayer.block.cuba.Pool(params, layer.kernel, stride=layer.stride, pre_hook_fx=syn["pre_hook_fx"],
+                                  delay_shift=syn["delay_shift"])
 
 
 def _flatten_block(layer: Layer, params: dict, syn: dict) -> nn.Module:

@@ -47,6 +47,8 @@ def resolve(layers: list[Layer], input_shape: tuple[int, int, int]) -> list[Laye
             new = (layer.out, ho, wo)
         elif layer.kind == "pool":
             c, h, w = shape
+            if layer.kernel == 0:  # global average pool: the kernel is the input's size
+                layer = replace(layer, kernel=h, stride=h)
             new = (c, h // layer.kernel, w // layer.kernel)
         elif layer.kind == "flatten":
             new = (math.prod(shape),)
@@ -62,6 +64,16 @@ def resolve(layers: list[Layer], input_shape: tuple[int, int, int]) -> list[Laye
         out.append(replace(layer, in_shape=shape, out_shape=new))
         shape = new
     return out
+
+
+def shortcut_layer(layer: Layer, skip_shape: tuple) -> Layer | None:
+    """The 1×1 strided conv shortcut of a residual close layer (``options["residual"] ==
+    "close"``) whose block input had ``skip_shape``, as a resolved layer; None for the identity."""
+    stride = layer.options.get("skip_stride", 1)
+    if stride == 1 and skip_shape[0] == layer.out:
+        return None
+    return Layer("conv", layer.out, kernel=1, stride=stride, in_shape=tuple(skip_shape),
+                 out_shape=tuple(layer.out_shape))
 
 
 def _w(n: int, p: float) -> int:
