@@ -110,3 +110,13 @@ def test_preset_trains_one_round_on_tiny_files(stem, roots, tmp_path):
     assert len(metrics) == 1 and '"accuracy"' in metrics[0]
     ckpt = tmp_path / "run" / "checkpoint.pkl"
     assert ckpt.is_file() and ckpt.stat().st_size > 0
+
+
+@pytest.mark.parametrize("path", sorted((PAPERS / "sweeps").glob("*.yaml")), ids=lambda p: p.stem)
+def test_paper_sweeps_expand_to_valid_configs(path):
+    from neurofed.sweep import load_sweep, point_configs
+
+    points = point_configs(load_sweep(path))  # validates every point's config
+    expected = {"fedsnn_table1": 2 * 2 * 7 * 3, "fedlec_table1": 5 * 7 * 3, "sfedca_table2": 4 * 4,
+                "sfedhifi_table2": 3 * 4}[path.stem]
+    assert len(points) == expected
