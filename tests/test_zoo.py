@@ -183,3 +183,15 @@ def test_too_small_input_refused_before_training(tmp_path, capsys):
     assert rc == 2 and len(err) == 1
     assert "four_pools" in err[0] and "1x8x8" in err[0]
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+def test_hifi_resnet18_factorizes_both_convs_of_every_block():
+    from neurofed.models.factorized import FactorizedConvSynapse, factorized_synapses
+
+    model = build_model({"name": "hifi_resnet18", "width": 0.125}, (3, 16, 16), 10)
+    marked = [i for i, l in enumerate(model.layers) if l.options.get("block") == "factorized_conv"]
+    assert len(marked) == 16  # what SFedHIFI's server reads as its B·M layers
+    syns = factorized_synapses(model)
+    assert len(syns) == 16 and all(isinstance(model.blocks[i].synapse, FactorizedConvSynapse) for i in marked)
+    names = [n for n, _ in model.named_parameters() if n.endswith(".mix")]
+    assert [int(n.split(".")[1]) for n in names] == marked  # parameter order = layer order

@@ -45,11 +45,9 @@ def _sfedca_alexnet(p: float, k: int) -> list[Layer]:
 
 
 def _block_conv(out: int, stride: int, factorized: bool, full_in: int, full_out: int, **options) -> Layer:
-    if factorized:
-        options = {**options, "factorized": True, "full_in": full_in, "full_out": full_out,
+    if factorized:  # both layers of a block: "factorized_conv" is how SFedHIFI finds its B·M layers
+        options = {**options, "block": "factorized_conv", "full_in": full_in, "full_out": full_out,
                    "bank_fraction": BANK_FRACTION, "group_fraction": GROUP_FRACTION}
-        if options.get("residual") == "open":
-            options["block"] = "factorized_conv"
     return Layer("conv", out, kernel=3, stride=stride, padding=1, options=options)
 
 
@@ -63,7 +61,7 @@ def _resnet18(p: float, k: int, factorized: bool = False) -> list[Layer]:
             s = stride if b == 0 else 1
             full_in = full_prev if b == 0 else full
             layers.append(_block_conv(out, s, factorized, full_in, full, residual="open"))
-            layers.append(_block_conv(out, 1, factorized, full, full, residual="close", block="residual_join",
+            layers.append(_block_conv(out, 1, factorized, full, full, residual="close",
                                       skip_channels=channels, skip_stride=s))
             channels = out
         full_prev = full

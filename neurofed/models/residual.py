@@ -5,7 +5,7 @@ A basic block is two layers of the model's layer list:
 
 - the **open** layer (``options["residual"] == "open"``): a CUBA ``Conv`` block, 3×3 with the
   block's stride; the model keeps its input ``x`` as the shortcut;
-- the **close** layer (``options["block"] == "residual_join"``): :class:`ResidualJoin`, whose
+- the **close** layer (``options["residual"] == "close"``): :class:`ResidualJoin`, whose
   synaptic current is ``conv3x3(h) + shortcut(x)`` before one CUBA neuron, the shortcut being
   the identity or, where the stride or channels change, a 1×1 convolution with the stride.
 
@@ -52,7 +52,7 @@ class ResidualJoin(nn.Module):
         syn = {k: syn[k] for k in ("weight_scale", "weight_norm", "pre_hook_fx")}
         in_c, out = layer.in_shape[0], layer.out
         pad = layer.kernel // 2
-        if o.get("factorized"):
+        if o.get("block") == "factorized_conv":
             m, n = bank_geometry(o["full_in"], o["full_out"], o["bank_fraction"], o["group_fraction"])
             if syn["weight_norm"]:
                 raise ValueError(NO_WEIGHT_NORM)
@@ -74,5 +74,6 @@ class ResidualJoin(nn.Module):
 
 
 def residual_join_block(layer: Layer, params: dict, syn: dict) -> ResidualJoin:
-    """The SNN builder's entry for ``Layer.options["block"] == "residual_join"``."""
+    """The SNN builder's entry for a layer with ``options["residual"] == "close"`` (its 3×3
+    synapse factorized when ``options["block"] == "factorized_conv"``)."""
     return ResidualJoin(params, layer, syn)

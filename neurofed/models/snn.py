@@ -71,6 +71,12 @@ SNN_BLOCKS = {"conv": _conv_block, "pool": _pool_block, "flatten": _flatten_bloc
               "factorized_conv": factorized_conv_block, "residual_join": residual_join_block}
 
 
+def _builder(layer: Layer) -> str:
+    if layer.options.get("residual") == "close":  # its synapse may be factorized (options["block"])
+        return "residual_join"
+    return layer.options.get("block", layer.kind)
+
+
 class SpikingNet(nn.Module):
     """A feed-forward SNN of SLAYER blocks.
 
@@ -90,8 +96,7 @@ class SpikingNet(nn.Module):
         self.model_cfg = dict(model_cfg)  # to rebuild a fresh copy (export: never deepcopy SLAYER blocks)
         params = neuron_params(model_cfg)
         syn = _synapse_kwargs(model_cfg)
-        self.blocks = nn.ModuleList(SNN_BLOCKS[layer.options.get("block", layer.kind)](layer, dict(params), syn)
-                                    for layer in layers)
+        self.blocks = nn.ModuleList(SNN_BLOCKS[_builder(layer)](layer, dict(params), syn) for layer in layers)
         dropout = model_cfg.get("dropout", 0.0)
         self.dropout = nn.Dropout(dropout) if dropout else None
         self.record = False
