@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # tests/dataset_files.py: the published-format writers
 
 import dataset_files  # noqa: E402
+import torch  # noqa: E402
 
 from neurofed.config import load_config  # noqa: E402
 from neurofed.fl.runner import Experiment  # noqa: E402
@@ -62,27 +63,33 @@ def measure(preset: Path, steps: int) -> dict:
         cfg = load_config(preset, overrides=over)
         exp = Experiment(cfg)
         exp.train_round(1)  # warm-up: kernel builds, allocator
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         exp.train_round(2)
-        train_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        train_s, train_cpu = time.perf_counter() - t0, time.process_time() - c0
+        t0, c0 = time.perf_counter(), time.process_time()
         exp.evaluate_global()
-        eval_s = time.perf_counter() - t0
+        eval_s, eval_cpu = time.perf_counter() - t0, time.process_time() - c0
     step_s = train_s / (steps * clients)  # mean over the widths (one client each)
+    # CPU seconds (all threads): on a shared machine wall time counts the other jobs too;
+    # CPU time / threads is what an idle machine's wall clock would show.
+    threads = torch.get_num_threads()
+    idle_step = train_cpu / (steps * clients) / threads
     n_train, n_test = SIZES[name]
     per_client = n_train / probe["partition"]["num_clients"]
     trained = algo.get("candidates", 10) if algo["name"] == "sfedca" else fed["clients_per_round"]
     round_steps = trained * fed["local_epochs"] * math.ceil(per_client / batch)
     eval_round = eval_s / batch * n_test
     round_s = round_steps * step_s + eval_round
+    idle_round = round_steps * idle_step + eval_cpu / threads / batch * n_test
     return {
         "preset": str(preset.relative_to(ROOT)) if preset.is_absolute() else str(preset),
         "model": probe["model"]["name"], "width": widths, "timesteps": probe["data"]["timesteps"],
         "batch_size": batch, "algorithm": algo["name"],
         "seconds_per_step": round(step_s, 3), "eval_seconds_per_sample": round(eval_s / batch, 4),
+        "cpu_seconds_per_step": round(train_cpu / (steps * clients), 3), "threads": threads,
         "steps_per_round": round_steps, "round_hours": round(round_s / 3600, 2),
         "rounds": fed["rounds"], "run_days": round(round_s * fed["rounds"] / 86400, 1),
-        "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or None,
+        "idle_round_hours": round(idle_round / 3600, 2), "idle_run_days": round(idle_round * fed["rounds"] / 86400, 1),
         "cpu": platform.processor() or platform.machine(), "load_average": os.getloadavg()[0],
     }
 
