@@ -82,6 +82,7 @@ DEFAULTS: dict[str, Any] = {
         "weight_norm": False,
         "quantize": True,  # 8-bit weights as on Loihi (SLAYER's quantize_8bit hook)
         "dropout": 0.0,
+        "delay_shift": True,  # SLAYER's one-step delay per block (Lava's timing); false: the papers' T
         # factorized convolutions (hifi_cnn; SFedHIFI Eq. 4): bank elements per width-1 output
         # channel, channels per group per width-1 channel (the authors' values); factorization:
         # output (Eq. 4: B groups output channels) | input (the authors' code: input channels)
@@ -328,6 +329,7 @@ def _checks() -> dict[str, Check]:
         "model.weight_norm": boolean,
         "model.quantize": boolean,
         "model.dropout": number(0, 1),
+        "model.delay_shift": boolean,
         "model.bank_fraction": number(0, 1, lo_open=True),
         "model.group_fraction": number(0, 1, lo_open=True),
         "model.factorization": choice(("output", "input")),

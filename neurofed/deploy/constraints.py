@@ -184,6 +184,10 @@ def structure_problems(model) -> list[str]:
     problems = []
     for i, (layer, block) in enumerate(zip(model.layers, model.blocks)):
         where = f"layer {i} ({layer.kind})"
+        refusal = getattr(block, "export_refusal", None)  # e.g. a residual join
+        if refusal:
+            problems.append(f"{where}: {refusal}")
+            continue
         if layer.kind not in SUPPORTED_KINDS:
             problems.append(f"{where}: netx cannot express this layer kind; supported: {', '.join(SUPPORTED_KINDS)}")
             continue
@@ -258,6 +262,9 @@ def check_model(model, profile=DEFAULT_PROFILE, timesteps: int = 32) -> Constrai
         return None if limit is None else limit.value
 
     spiking = [(layer, block) for layer, block in zip(model.layers, model.blocks) if layer.has_neurons]
+    if any(getattr(block, "delay_shift", True) is False for _, block in spiking):
+        report.warnings.append("model.delay_shift is false: Lava adds one step per layer, so the exported "
+                               "network will not reproduce the torch spikes (train with delay_shift: true for that)")
     for j, (layer, block) in enumerate(spiking):
         use = _layer_use(j, layer, block, timesteps)
         where = f"layer {j} ({layer.kind} {'x'.join(map(str, layer.out_shape))})"

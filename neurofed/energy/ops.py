@@ -46,7 +46,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from neurofed.models.spec import Layer
+from neurofed.models.spec import Layer, shortcut_layer
 
 # --------------------------------------------------------------------------- per kind
 # Each counter: (layer, in_map | None, mask | None) -> (macs, synaptic_ops)
@@ -165,8 +165,20 @@ def first_synaptic(layers: list[Layer]) -> int:
     return next(i for i, layer in enumerate(layers) if layer.has_neurons)
 
 
+def _shortcut(layer: Layer, skip_shape: tuple, skip_map) -> tuple[str, int, float | None]:
+    """A residual join's shortcut: (kind, MACs, synaptic ops or None without a map). A 1×1
+    conv is counted as any conv over all its weights; the identity adds each shortcut spike to
+    one neuron's current (one accumulate, no MAC: the ANN adds, it does not multiply)."""
+    sc = shortcut_layer(layer, skip_shape)
+    if sc is None:
+        return "identity", 0, None if skip_map is None else float(skip_map.double().sum())
+    macs, ops = _conv(sc, skip_map, None)
+    return "conv1x1", macs, None if skip_map is None else ops
+
+
 def count_layers(layers: list[Layer], input_maps: list, output_spikes: list[float], samples: int,
-                 timesteps: int, masks: list | None = None, analog_input: bool = False) -> list[dict]:
+                 timesteps: int, masks: list | None = None, analog_input: bool = False,
+                 skip_maps: list | None = None) -> list[dict]:
     """Per-layer op counts per inference (one sample, T steps).
 
     ``input_maps[i]``: layer i's input spike counts summed over ``samples`` and steps
@@ -175,10 +187,14 @@ def count_layers(layers: list[Layer], input_maps: list, output_spikes: list[floa
     (priced as MACs). Layers without synapses (flatten) are left out.
     """
     masks = masks or [None] * len(layers)
+    skip_maps = skip_maps or [None] * len(layers)
     names = layer_names(layers)
     first = first_synaptic(layers)
     rows = []
+    skip_shape = None  # input of the open residual block (neurofed.models.residual)
     for i, layer in enumerate(layers):
+        if layer.options.get("residual") == "open":
+            skip_shape = layer.in_shape
         if names[i] is None:
             continue
         counter = _counter(layer)
@@ -193,7 +209,24 @@ def count_layers(layers: list[Layer], input_maps: list, output_spikes: list[floa
         neurons = layer.num_neurons
         out_spikes = float(output_spikes[i]) / samples if output_spikes[i] is not None else None
         rate = out_spikes / (neurons * timesteps) if out_spikes is not None else None
+        row_extra = {}
+        if layer.options.get("residual") == "close" and skip_shape is not None:
+            kind, sc_macs, sc_ops = _shortcut(layer, skip_shape, skip_maps[i])
+            skip_in = None if skip_maps[i] is None else float(skip_maps[i].double().sum()) / samples
+            macs += sc_macs
+            if sc_ops is not None and in_spikes is not None:
+                syn_eff += sc_ops
+                syn_all += sc_ops
+            row_extra = {"shortcut": kind, "shortcut_macs": int(sc_macs), "shortcut_input_spikes": skip_in,
+                         "shortcut_synaptic_ops": sc_ops / samples if sc_ops is not None else None}
+            if kind == "conv1x1" and skip_in is not None and in_rate is not None:
+                sc_rate = skip_in / (math.prod(skip_shape) * timesteps)
+                row_extra["_approx_extra"] = sc_macs * sc_rate * timesteps
+            elif kind == "identity" and skip_in is not None:
+                row_extra["_approx_extra"] = skip_in
+        approx_extra = row_extra.pop("_approx_extra", 0.0)
         rows.append({
+            **row_extra,
             "index": i,
             "name": names[i],
             "kind": layer.kind,
@@ -204,7 +237,8 @@ def count_layers(layers: list[Layer], input_maps: list, output_spikes: list[floa
             "analog_macs": int(macs) if analog else 0,
             "synaptic_ops": syn_eff / samples if in_spikes is not None else unknown,
             "synaptic_ops_all_weights": syn_all / samples if in_spikes is not None else unknown,
-            "synaptic_ops_approx": macs * in_rate * timesteps if in_rate is not None else unknown,
+            "synaptic_ops_approx": ((macs - row_extra.get("shortcut_macs", 0)) * in_rate * timesteps + approx_extra
+                                    if in_rate is not None else unknown),
             "input_spikes": in_spikes,
             "input_rate": in_rate,
             "output_spikes": out_spikes,

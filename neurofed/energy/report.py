@@ -153,7 +153,7 @@ def compute_energy(layers, maps: SpikeMaps, profiles: list[Profile], masks=None,
     the exact figures kept under ``exact``. ``paper_conventions`` always holds all three
     papers' figures per profile."""
     rows = count_layers(layers, maps.input_maps, maps.output_spikes, maps.samples, maps.timesteps,
-                        masks=masks, analog_input=maps.analog_input)
+                        masks=masks, analog_input=maps.analog_input, skip_maps=maps.skip_maps)
     priced = {p.name: price(rows, p) for p in profiles}
     for j, r in enumerate(rows):
         r["energy"] = {name: {k: v for k, v in res["layers"][j].items() if k != "name"}
@@ -166,6 +166,10 @@ def compute_energy(layers, maps: SpikeMaps, profiles: list[Profile], masks=None,
                      "SFedHIFI Eq. 16 (the input is constant over T; SLAYER recomputes it every step)")
     notes.append("synaptic_ops count only synapses whose 8-bit quantized weight is nonzero "
                  "(NeuroBench Effective_ACs); synaptic_ops_all_weights keeps zero weights")
+    notes.append("the exact count includes pool layers on both sides (FedSNN/SFedCA leave them out: energy.convention paper)")
+    if any(r.get("shortcut") for r in rows):
+        notes.append("residual joins include their shortcut: a 1x1 conv counted as any conv (all weights), "
+                     "an identity as one accumulate per shortcut spike and no MAC")
     papers = {p.name: {paper: paper_energy(rows, p, paper, maps.timesteps) for paper in PAPERS} for p in profiles}
     result = {
         "profile": first,

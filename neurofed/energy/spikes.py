@@ -26,6 +26,7 @@ class SpikeMaps:
     timesteps: int
     input_maps: list  # per layer: (in_shape) float64 tensor summed over samples and steps, or None
     output_spikes: list  # per layer: total output spikes over samples (0 for flatten)
+    skip_maps: list | None = None  # per layer: a residual join's shortcut input, summed likewise (else None)
     source: str = "torch"  # torch | lava
     spread: str = "exact"  # exact | uniform
     analog_input: bool = False
@@ -40,6 +41,7 @@ def measure_torch(model, x: torch.Tensor, data_cfg: dict, seed: int, y: torch.Te
     encoding seed) and sum every block's input per position and its output spikes."""
     n_layers = len(model.layers)
     in_sum: list = [None] * n_layers
+    skip_sum: list = [None] * n_layers
     out_sum = [0.0] * n_layers
 
     def make_hook(i):
@@ -47,6 +49,9 @@ def measure_torch(model, x: torch.Tensor, data_cfg: dict, seed: int, y: torch.Te
             x_in = inputs[0].detach()
             s = x_in.double().sum(dim=(0, x_in.dim() - 1))  # over samples and time steps
             in_sum[i] = s if in_sum[i] is None else in_sum[i] + s
+            if len(inputs) > 1:  # a residual join's shortcut input
+                k = inputs[1].detach().double().sum(dim=(0, inputs[1].dim() - 1))
+                skip_sum[i] = k if skip_sum[i] is None else skip_sum[i] + k
             out_sum[i] += float(output.detach().double().sum())
         return hook
 
@@ -62,7 +67,7 @@ def measure_torch(model, x: torch.Tensor, data_cfg: dict, seed: int, y: torch.Te
             out_sum[i] = 0.0
     accuracy = float((logits.argmax(1) == y).float().mean()) if y is not None else None
     return SpikeMaps(samples=len(x), timesteps=int(data_cfg["timesteps"]), input_maps=in_sum,
-                     output_spikes=out_sum, source="torch", spread="exact",
+                     output_spikes=out_sum, skip_maps=skip_sum, source="torch", spread="exact",
                      analog_input=data_cfg.get("encoding") == "direct", accuracy=accuracy)
 
 

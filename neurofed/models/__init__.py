@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from neurofed.models.spec import ZOO, Layer, register_topology, topology
 from neurofed.models import hifi_cnn as _hifi_cnn  # noqa: F401,E402  registers SFedHIFI's CNN (issue 7)
+from neurofed.models import paper_nets as _paper_nets  # noqa: F401,E402  SFedCA's nets, spiking ResNet-18
 
 MODEL_KINDS = ("snn", "ann")
 

@@ -46,8 +46,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neurofed.models.snn import slayer
+from neurofed.compat import slayer as _slayer
 from neurofed.models.spec import Layer
+
+slayer = _slayer()  # from compat, not from the model builder: snn imports this module, never the reverse
 
 BANK = "bank"  # parameter names: ``...synapse.bank`` is shared by all widths, ``...synapse.mix`` is not
 MIX = "mix"
@@ -160,11 +162,12 @@ class FactorizedConv(slayer.block.cuba.Conv):
 
     def __init__(self, neuron_params: dict, in_features: int, out_features: int, kernel_size: int,
                  bank_filters: int, group_size: int, stride: int = 1, padding: int = 0,
-                 weight_scale: float = 1, weight_norm: bool = False, pre_hook_fx=None, layout: str = "input"):
+                 weight_scale: float = 1, weight_norm: bool = False, pre_hook_fx=None, layout: str = "input",
+                 delay_shift: bool = True):
         if weight_norm:
             raise ValueError(NO_WEIGHT_NORM)
         super().__init__(neuron_params, in_features, out_features, kernel_size, stride=stride, padding=padding,
-                         pre_hook_fx=pre_hook_fx)
+                         pre_hook_fx=pre_hook_fx, delay_shift=delay_shift)
         self.synapse = FactorizedConvSynapse(in_features, out_features, kernel_size, bank_filters, group_size,
                                              stride=stride, padding=padding, weight_scale=weight_scale,
                                              pre_hook_fx=pre_hook_fx, layout=layout)

@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from neurofed.compat import slayer as _slayer
+from neurofed.models.factorized import factorized_conv_block
+from neurofed.models.residual import residual_join_block
 from neurofed.models.spec import Layer
 
 slayer = _slayer()
@@ -36,6 +38,9 @@ def _synapse_kwargs(model_cfg: dict) -> dict:
         "weight_norm": bool(model_cfg.get("weight_norm", False)),
         "pre_hook_fx": quantize_8bit if model_cfg.get("quantize", True) else None,
         "weight_scale": model_cfg.get("weight_scale", 1),
+        # SLAYER's one-step delay per block (as every Lava layer adds one step); off: all layers
+        # see step t at step t, the papers' T (a net of L blocks otherwise loses L-1 steps)
+        "delay_shift": bool(model_cfg.get("delay_shift", True)),
     }
 
 
@@ -48,7 +53,8 @@ def _conv_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
 
 def _pool_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
     # Pool weights are fixed by SLAYER; only the hook matters for export fidelity.
-    return slayer.block.cuba.Pool(params, layer.kernel, stride=layer.stride, pre_hook_fx=syn["pre_hook_fx"])
+    return slayer.block.cuba.Pool(params, layer.kernel, stride=layer.stride, pre_hook_fx=syn["pre_hook_fx"],
+                                  delay_shift=syn["delay_shift"])
 
 
 def _flatten_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
@@ -59,16 +65,16 @@ def _dense_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
     return slayer.block.cuba.Dense(params, layer.in_shape[0], layer.out, **syn)
 
 
-def _factorized_conv_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
-    # SFedHIFI's B·M convolution (issue 7); imported on use, like every optional block
-    from neurofed.models.factorized import factorized_conv_block
-
-    return factorized_conv_block(layer, params, syn)
-
-
-# Keyed by Layer.kind, or by Layer.options["block"] when a layer names its builder.
+# Keyed by Layer.kind, or by Layer.options["block"] when a layer names its builder. The
+# block modules import SLAYER from neurofed.compat, never this module (no import circle).
 SNN_BLOCKS = {"conv": _conv_block, "pool": _pool_block, "flatten": _flatten_block, "dense": _dense_block,
-              "factorized_conv": _factorized_conv_block}
+              "factorized_conv": factorized_conv_block, "residual_join": residual_join_block}
+
+
+def _builder(layer: Layer) -> str:
+    if layer.options.get("residual") == "close":  # its synapse may be factorized (options["block"])
+        return "residual_join"
+    return layer.options.get("block", layer.kind)
 
 
 class SpikingNet(nn.Module):
@@ -90,8 +96,7 @@ class SpikingNet(nn.Module):
         self.model_cfg = dict(model_cfg)  # to rebuild a fresh copy (export: never deepcopy SLAYER blocks)
         params = neuron_params(model_cfg)
         syn = _synapse_kwargs(model_cfg)
-        self.blocks = nn.ModuleList(SNN_BLOCKS[layer.options.get("block", layer.kind)](layer, dict(params), syn)
-                                    for layer in layers)
+        self.blocks = nn.ModuleList(SNN_BLOCKS[_builder(layer)](layer, dict(params), syn) for layer in layers)
         dropout = model_cfg.get("dropout", 0.0)
         self.dropout = nn.Dropout(dropout) if dropout else None
         self.record = False
@@ -99,8 +104,12 @@ class SpikingNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.layer_spikes = []
+        skip = None  # a residual block's input (neurofed.models.residual)
         for layer, block in zip(self.layers, self.blocks):
-            x = block(x)
+            role = layer.options.get("residual")
+            if role == "open":
+                skip = x
+            x = block(x, skip) if role == "close" else block(x)
             if self.record and layer.has_neurons:
                 self.layer_spikes.append(x.detach().flatten(1).sum(1))
             if self.dropout is not None and self.training and layer.kind != "flatten" and block is not self.blocks[-1]:
@@ -127,6 +136,9 @@ class AnnNet(nn.Module):
 
     def __init__(self, layers: list[Layer], model_cfg: dict, logit_scale: float = 1.0):
         super().__init__()
+        if any(layer.options.get("residual") for layer in layers):
+            raise ValueError("model.kind: ann is not built for residual models (resnet18); "
+                             "their energy report prices the ANN twin's MACs from the layer list")
         self.layers = layers
         mods: list[nn.Module] = []
         last = len(layers) - 1

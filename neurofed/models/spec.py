@@ -47,6 +47,8 @@ def resolve(layers: list[Layer], input_shape: tuple[int, int, int]) -> list[Laye
             new = (layer.out, ho, wo)
         elif layer.kind == "pool":
             c, h, w = shape
+            if layer.kernel == 0:  # global average pool: the kernel is the input's size
+                layer = replace(layer, kernel=h, stride=h)
             new = (c, h // layer.kernel, w // layer.kernel)
         elif layer.kind == "flatten":
             new = (math.prod(shape),)
@@ -57,13 +59,21 @@ def resolve(layers: list[Layer], input_shape: tuple[int, int, int]) -> list[Laye
         else:
             raise ValueError(f"layer {i}: unknown kind {layer.kind!r}; allowed: {', '.join(KINDS)}")
         if min(new) < 1:
-            raise ValueError(
-                f"layer {i} ({layer.kind}) gets input {shape} and would output {new}; "
-                f"the input is too small for this model"
-            )
+            raise ValueError(f"layer {i} ({layer.kind}) would shrink {'x'.join(map(str, shape))} to "
+                             f"{'x'.join(map(str, new))}: the input is too small for this model")
         out.append(replace(layer, in_shape=shape, out_shape=new))
         shape = new
     return out
+
+
+def shortcut_layer(layer: Layer, skip_shape: tuple) -> Layer | None:
+    """The 1×1 strided conv shortcut of a residual close layer (``options["residual"] ==
+    "close"``) whose block input had ``skip_shape``, as a resolved layer; None for the identity."""
+    stride = layer.options.get("skip_stride", 1)
+    if stride == 1 and skip_shape[0] == layer.out:
+        return None
+    return Layer("conv", layer.out, kernel=1, stride=stride, in_shape=tuple(skip_shape),
+                 out_shape=tuple(layer.out_shape))
 
 
 def _w(n: int, p: float) -> int:
@@ -113,4 +123,7 @@ def register_topology(name: str, fn: Callable[[float, int], list[Layer]]) -> Non
 def topology(name: str, width: float, num_classes: int, input_shape: tuple[int, int, int]) -> list[Layer]:
     if name not in ZOO:
         raise ValueError(f"model.name: unknown model {name!r}; known: {', '.join(sorted(ZOO))}")
-    return resolve(ZOO[name](width, num_classes), input_shape)
+    try:
+        return resolve(ZOO[name](width, num_classes), input_shape)
+    except ValueError as exc:  # one line naming the model and the input, before any training
+        raise ValueError(f"model.name: {name} does not fit {'x'.join(map(str, input_shape))} input: {exc}") from None

@@ -1,0 +1,79 @@
+"""Residual basic block (He et al. 2016) of SLAYER CUBA parts, as SFedHIFI's Spiking-ResNet18
+(Tao et al. 2025, "Model Selection"; the authors' ``spiking_resnet_flanc.py``).
+
+A basic block is two layers of the model's layer list:
+
+- the **open** layer (``options["residual"] == "open"``): a CUBA ``Conv`` block, 3×3 with the
+  block's stride; the model keeps its input ``x`` as the shortcut;
+- the **close** layer (``options["residual"] == "close"``): :class:`ResidualJoin`, whose
+  synaptic current is ``conv3x3(h) + shortcut(x)`` before one CUBA neuron, the shortcut being
+  the identity or, where the stride or channels change, a 1×1 convolution with the stride.
+
+As the authors' block (``out = bn2(conv2(sn1(bn1(conv1(x))))) + downsample(x); sn2(out)``),
+the sum is taken on currents, before the second neuron; neurofed has no batch norm (netx
+and Lava have none). Every SLAYER block delays its spikes by one step, so the shortcut is
+delayed by one step too, to meet the conv path in time (with ``model.delay_shift: false``
+neither is).
+
+Netx loads feed-forward chains only: :attr:`ResidualJoin.export_refusal` is the reason
+``neurofed export`` gives. The energy module counts the 3×3 synapse as any conv layer and
+the shortcut from the spikes that enter it (``neurofed.energy.ops``).
+
+Kept free of :mod:`neurofed.models.snn` (which imports this module): SLAYER comes from
+:mod:`neurofed.compat`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neurofed.compat import slayer as _slayer
+from neurofed.models.factorized import NO_WEIGHT_NORM, FactorizedConvSynapse, bank_geometry
+from neurofed.models.spec import Layer
+
+slayer = _slayer()
+
+EXPORT_REFUSAL = ("residual connection: netx (lava-dl 0.6) loads feed-forward chains of Conv/Pool/Flatten/"
+                  "Dense blocks only; this model trains and is energy-counted, but cannot be exported")
+
+
+class ResidualJoin(nn.Module):
+    """The close layer of a basic block: 3×3 synapse on ``h`` + shortcut of ``skip``,
+    one CUBA neuron, the blocks' one-step delay. ``forward(h, skip)``."""
+
+    export_refusal = EXPORT_REFUSAL
+
+    def __init__(self, neuron_params: dict, layer: Layer, syn: dict):
+        super().__init__()
+        o = layer.options
+        self.delay_shift = syn.get("delay_shift", True)
+        syn = {k: syn[k] for k in ("weight_scale", "weight_norm", "pre_hook_fx")}
+        in_c, out = layer.in_shape[0], layer.out
+        pad = layer.kernel // 2
+        if o.get("block") == "factorized_conv":
+            m, n = bank_geometry(o["full_in"], o["full_out"], o["bank_fraction"], o["group_fraction"])
+            if syn["weight_norm"]:
+                raise ValueError(NO_WEIGHT_NORM)
+            self.synapse = FactorizedConvSynapse(in_c, out, layer.kernel, m, n, padding=pad,
+                                                 weight_scale=syn["weight_scale"], pre_hook_fx=syn["pre_hook_fx"])
+        else:
+            self.synapse = slayer.synapse.Conv(in_c, out, layer.kernel, padding=pad, **syn)
+        skip_c, stride = o["skip_channels"], o.get("skip_stride", 1)
+        self.shortcut = (slayer.synapse.Conv(skip_c, out, 1, stride=stride, **syn)
+                         if stride != 1 or skip_c != out else None)
+        self.neuron = slayer.neuron.cuba.Neuron(**neuron_params)
+
+    def forward(self, h: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        if self.delay_shift:
+            skip = F.pad(skip[..., :-1], (1, 0))  # one step later: the conv path went through one block
+        z = self.synapse(h) + (skip if self.shortcut is None else self.shortcut(skip))
+        out = self.neuron(z)
+        return slayer.block.base.step_delay(self, out) if self.delay_shift else out
+
+
+def residual_join_block(layer: Layer, params: dict, syn: dict) -> ResidualJoin:
+    """The SNN builder's entry for a layer with ``options["residual"] == "close"`` (its 3×3
+    synapse factorized when ``options["block"] == "factorized_conv"``)."""
+    return ResidualJoin(params, layer, syn)

@@ -1,0 +1,136 @@
+"""The paper presets (examples/papers/): each loads and validates, builds its model on its
+dataset's shape, and trains on tiny files written in the dataset's published format
+(tests/dataset_files.py), with rounds, clients, T, width and data cut down to seconds."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from neurofed.config import load_config
+from neurofed.data import load_dataset
+from neurofed.fl.runner import run
+from neurofed.models import build_model, topology
+
+import dataset_files  # tests/ is on sys.path (rootdir conftest), as conftest imports are
+
+PAPERS = Path(__file__).resolve().parents[1] / "examples" / "papers"
+PRESETS = sorted(PAPERS.glob("*.yaml"))
+WRITERS = {"mnist": dataset_files.write_mnist, "fashion_mnist": dataset_files.write_fashion_mnist,
+           "cifar10": dataset_files.write_cifar10, "cifar100": dataset_files.write_cifar100,
+           "svhn": dataset_files.write_svhn}
+SHAPES = {"mnist": (1, 28, 28), "fashion_mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32),
+          "svhn": (3, 32, 32)}
+CLASSES = {"mnist": 10, "fashion_mnist": 10, "cifar10": 10, "cifar100": 100, "svhn": 10}
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+    """One folder per dataset holding its tiny files in the published layout."""
+    out = {}
+    for name, write in WRITERS.items():
+        root = tmp_path_factory.mktemp(name)
+        write(root)
+        out[name] = root
+    return out
+
+
+def _config(path: Path, roots: dict, extra: list[str] = ()) -> dict:
+    probe = load_config(path, overrides=["data.root=/nonexistent"])  # validation needs no files
+    ds = probe["data"]["name"]
+    return load_config(path, overrides=[f"data.root={roots[ds]}", *extra])
+
+
+def test_there_is_a_preset_per_main_table_setting():
+    names = {p.stem for p in PRESETS}
+    assert len([n for n in names if n.startswith("fedsnn_")]) == 4  # CIFAR-10/100 x IID/non-IID (Table I)
+    assert len([n for n in names if n.startswith("fedlec_")]) == 15  # 3 datasets x 5 label skews (Table 1)
+    assert len([n for n in names if n.startswith("sfedca_")]) == 12  # 3 datasets x 4 splits (Table 2)
+    assert len([n for n in names if n.startswith("sfedhifi_")]) == 9  # 3 datasets x 3 splits (Table 1)
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_preset_validates_and_fits_its_dataset(path, roots):
+    cfg = _config(path, roots)
+    text = path.read_text()
+    assert "--set data.root=" in text and "Sources:" in text  # the command and the citations
+    ds = load_dataset(cfg["data"], cfg["seed"])
+    name = cfg["data"]["name"]
+    assert ds.input_shape == SHAPES[name] and ds.num_classes == CLASSES[name]
+    m = cfg["model"]
+    layers = topology(m["name"], m["width"], ds.num_classes, ds.input_shape)  # the layer list it trains
+    assert layers[0].in_shape == SHAPES[name] and layers[-1].out_shape == (CLASSES[name],)
+    assert m["delay_shift"] is False and m["quantize"] is False
+
+
+def _model_and_data(path: Path) -> tuple[str, str]:
+    raw = yaml.safe_load(path.read_text())
+    return raw["model"]["name"], raw["data"]["name"]
+
+
+@pytest.mark.parametrize("model,dataset", sorted({_model_and_data(p) for p in PRESETS}))
+def test_every_preset_model_builds_at_full_size(model, dataset):
+    net = build_model({"name": model, "width": 1.0, "delay_shift": False, "quantize": False},
+                      SHAPES[dataset], CLASSES[dataset])
+    assert all(b.delay_shift is False for b in net.blocks if hasattr(b, "neuron"))
+    assert sum(p.numel() for p in net.parameters()) > 10_000
+
+
+# One preset per paper and dataset runs a real round: the paper's model, algorithm, optimizer
+# and partition scheme, cut to tiny sizes.
+# Three run by default (a few seconds each); the rest are slow (ResNet-18 / VGG9 at 32x32).
+FAST = ["fedlec_svhn_cnum2", "sfedca_mnist_dir03", "sfedhifi_fashion_mnist_dir05"]
+RUN = FAST + [pytest.param(s, marks=pytest.mark.slow) for s in (
+    "fedsnn_cifar10_noniid", "fedsnn_cifar100_iid", "fedlec_cifar10_dir005", "fedlec_cifar100_cnum20",
+    "sfedca_fashion_mnist_ci31", "sfedca_cifar10_2shards", "sfedhifi_cifar10_iid", "sfedhifi_cifar100_dir03")]
+SMALL = ["federation.rounds=1", "federation.local_epochs=1", "federation.batch_size=4", "data.timesteps=2",
+         "partition.num_clients=4", "partition.min_size=1", "data.train_subset=24", "data.test_subset=8",
+         "energy.enabled=false"]
+
+
+@pytest.mark.parametrize("stem", RUN)
+def test_preset_trains_one_round_on_tiny_files(stem, roots, tmp_path):
+    path = PAPERS / f"{stem}.yaml"
+    probe = load_config(path, overrides=["data.root=/nonexistent"])
+    algo = probe["algorithm"]["name"]
+    extra = list(SMALL)
+    if algo == "sfedhifi":
+        extra += ["algorithm.widths=[0.0625, 0.125]", "model.width=0.125", "federation.clients_per_round=2",
+                  "algorithm.fusion_until=null", "algorithm.rate_samples=8"]
+    else:
+        extra += ["model.width=0.125", "federation.clients_per_round=2"]
+    if algo == "sfedca":
+        extra += ["algorithm.candidates=3"]
+    if probe["partition"]["scheme"] == "shards":
+        extra += ["partition.num_clients=5"]  # 5 x 2 shards cover the 10 classes
+    if probe["partition"]["scheme"] == "cnum" and probe["partition"]["classes_per_client"] > 10:
+        extra += ["data.train_subset=200"]  # every client gets its 20 of the 100 classes
+    cfg = _config(path, roots, extra)
+    summary = run(cfg, tmp_path / "run", progress=False, after=False)
+    assert summary["rounds"] == 1
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(metrics) == 1 and '"accuracy"' in metrics[0]
+    ckpt = tmp_path / "run" / "checkpoint.pkl"
+    assert ckpt.is_file() and ckpt.stat().st_size > 0
+
+
+SWEEPS = {"fedsnn_table1": 2 * 2 * 7 * 3, "fedlec_table1": 5 * 7 * 3, "sfedca_table2": 4 * 4, "sfedhifi_table2": 3 * 4}
+
+
+@pytest.mark.parametrize("stem", sorted(SWEEPS))
+def test_paper_sweeps_expand(stem):
+    from neurofed.sweep import load_sweep
+
+    sweep = load_sweep(PAPERS / "sweeps" / f"{stem}.yaml")
+    assert math.prod(len(d.values) for d in sweep.dims) * len(sweep.seeds) == SWEEPS[stem]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", sorted(SWEEPS))
+def test_paper_sweeps_points_validate(stem):
+    from neurofed.sweep import load_sweep, point_configs
+
+    assert len(point_configs(load_sweep(PAPERS / "sweeps" / f"{stem}.yaml"))) == SWEEPS[stem]

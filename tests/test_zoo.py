@@ -1,0 +1,197 @@
+"""The papers' backbones: layer lists, SLAYER forward/backward, residual blocks (trained,
+energy-counted, refused by export), and the refusal of inputs a model shrinks to nothing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neurofed.deploy.constraints import check_model, structure_problems
+from neurofed.energy.ops import count_layers, count_macs
+from neurofed.energy.spikes import measure_torch
+from neurofed.models import Layer, build_model, register_topology, topology
+from neurofed.models.residual import EXPORT_REFUSAL, ResidualJoin
+
+RATE = {"encoding": "rate", "timesteps": 4, "max_rate": 1.0}
+
+
+def _spikes(shape, n=2, t=4, p=0.3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(n, *shape, t, generator=g) < p).float()
+
+
+def _kinds(layers):
+    return [(l.kind, l.out, l.kernel, l.stride) if l.kind != "flatten" else ("flatten",) for l in layers]
+
+
+# ----------------------------------------------------------------------------- layer lists
+
+def test_svgg9_is_fedsnn_vgg9_for_32x32():
+    # FedSNN Sec. IV (7 conv + 2 FC, average pooling); the authors' BNTT VGG9:
+    # 64,64,P,128,128,P,256,256,256,P, FC1024, FC K (3x3 same convs, 2x2 pools).
+    layers = topology("svgg9", 1.0, 10, (3, 32, 32))
+    convs = [l.out for l in layers if l.kind == "conv"]
+    assert convs == [64, 64, 128, 128, 256, 256, 256]
+    assert [l.kind for l in layers].count("pool") == 3
+    assert [l.out for l in layers if l.kind == "dense"] == [1024, 10]
+    assert layers[-4].out_shape == (256, 4, 4) and layers[-3].out_shape == (4096,)
+
+
+def test_vgg5_and_hifi_cnn_layer_lists():
+    # VGG5 (SFedCA's Fashion-MNIST backbone): 64C3-P2-128C3-128C3-P2-FC1024-FC.
+    assert _kinds(topology("vgg5", 1.0, 10, (1, 28, 28))) == [
+        ("conv", 64, 3, 1), ("pool", 0, 2, 2), ("conv", 128, 3, 1), ("conv", 128, 3, 1), ("pool", 0, 2, 2),
+        ("flatten",), ("dense", 1024, 1, 1), ("dense", 10, 1, 1)]
+    # SFedHIFI "Model Selection": 64C3-128C3-MP2-128C3-MP2-FC (SLAYER average pools).
+    layers = topology("hifi_cnn", 1.0, 10, (1, 28, 28))
+    assert [(l.kind, l.out) for l in layers if l.kind in ("conv", "dense")] == [
+        ("conv", 64), ("conv", 128), ("conv", 128), ("dense", 10)]
+    assert layers[-2].out_shape == (128 * 7 * 7,)
+
+
+def test_sfedca_nets_have_the_papers_layer_counts():
+    mnist = topology("sfedca_mnist", 1.0, 10, (1, 28, 28))  # "2 Conv layers and 2 FC layers"
+    assert [l.kind for l in mnist].count("conv") == 2 and [l.kind for l in mnist].count("dense") == 2
+    alex = topology("sfedca_alexnet", 1.0, 10, (3, 32, 32))  # AlexNet: 5 conv + 3 dense
+    assert [l.out for l in alex if l.kind == "conv"] == [64, 192, 384, 256, 256]
+    assert [l.out for l in alex if l.kind == "dense"] == [1024, 1024, 10]
+    assert alex[-5].out_shape == (256, 4, 4)
+
+
+def test_resnet18_stages_and_shortcuts():
+    layers = topology("resnet18", 1.0, 100, (3, 32, 32))
+    convs = [l for l in layers if l.kind == "conv"]
+    assert len(convs) == 17 and sum(1 for l in layers if l.kind == "dense") == 1  # 18 weight layers
+    joins = [l for l in layers if l.options.get("residual") == "close"]
+    assert [l.out_shape for l in joins] == [(64, 32, 32)] * 2 + [(128, 16, 16)] * 2 + [(256, 8, 8)] * 2 + \
+        [(512, 4, 4)] * 2
+    assert [l.options["skip_stride"] for l in joins] == [1, 1, 2, 1, 2, 1, 2, 1]
+    assert layers[-1].out_shape == (100,) and layers[-3].out_shape == (512, 1, 1)
+    # width p scales the blocks, not the stem (as the authors' net_fraction)
+    half = topology("resnet18", 0.5, 10, (3, 32, 32))
+    assert half[0].out == 64 and [l.out for l in half if l.options.get("residual") == "close"][-1] == 256
+
+
+# ----------------------------------------------------------------------------- forward / backward
+
+@pytest.mark.parametrize("name,shape", [("sfedca_mnist", (1, 28, 28)), ("sfedca_alexnet", (3, 32, 32)),
+                                        ("resnet18", (3, 16, 16)), ("hifi_resnet18", (3, 16, 16))])
+def test_backbones_forward_backward(name, shape):
+    # delay_shift off: the papers' T (with SLAYER's one-step delay per block, a deep net's
+    # output would stay silent for its first L-1 steps of a 4-step window)
+    model = build_model({"name": name, "width": 0.125, "delay_shift": False}, shape, 10)
+    x = _spikes(shape)
+    out = model(x)
+    assert out.shape == (2, 10, 4) and set(out.unique().tolist()) <= {0.0, 1.0}
+    loss = F.cross_entropy(model.readout(out) + 0.0, torch.tensor([1, 2]))
+    (loss + out.sum()).backward()  # the output alone may be silent at init; spikes still carry gradient
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert grads and all(g is not None for g in grads)
+    assert any(float(g.abs().sum()) > 0 for g in grads)
+
+
+def test_residual_join_adds_the_shortcut():
+    model = build_model({"name": "resnet18", "width": 0.125, "quantize": False}, (3, 16, 16), 10)
+    joins = [b for b in model.blocks if isinstance(b, ResidualJoin)]
+    assert len(joins) == 8 and joins[0].shortcut is not None  # stem 64 -> 8 channels at p = 1/8
+    assert joins[1].shortcut is None  # identity inside a stage
+    # The join's current is conv(h) + shortcut(skip delayed one step): with a silent h, a
+    # strong identity shortcut alone must make the neurons fire, one step after the input.
+    j = joins[1]
+    c = j.synapse.in_channels
+    h = torch.zeros(1, c, 4, 4, 6)
+    skip = torch.zeros(1, c, 4, 4, 6)
+    skip[..., 0:3] = 1.0
+    with torch.no_grad():
+        quiet = j(h, torch.zeros_like(skip))
+        loud = j(h, skip * 10)
+    assert float(quiet.sum()) == 0 and float(loud.sum()) > 0
+    assert float(loud[..., 0].sum()) == 0  # shortcut delayed one step, output one more
+
+
+# ----------------------------------------------------------------------------- export and energy
+
+def test_resnet_export_refused_with_the_reason():
+    model = build_model({"name": "resnet18", "width": 0.125}, (3, 16, 16), 10)
+    problems = structure_problems(model)
+    assert problems and all(EXPORT_REFUSAL in p for p in problems) and len(problems) == 8
+    report = check_model(model)
+    assert not report.ok
+    with pytest.raises(Exception, match="residual connection"):
+        report.raise_for_violations()
+    # the feed-forward zoo models still pass the structure check
+    assert structure_problems(build_model({"name": "sfedca_mnist", "width": 0.25}, (1, 28, 28), 10)) == []
+
+
+def test_resnet_energy_counts_the_shortcuts():
+    shape = (3, 16, 16)
+    model = build_model({"name": "resnet18", "width": 0.125}, shape, 10)
+    x = torch.rand(3, *shape)
+    maps = measure_torch(model, x, RATE, seed=0)
+    rows = count_layers(model.layers, maps.input_maps, maps.output_spikes, maps.samples, maps.timesteps,
+                        skip_maps=maps.skip_maps)
+    joins = [r for r in rows if r.get("shortcut")]
+    assert [r["shortcut"] for r in joins] == ["conv1x1", "identity", "conv1x1", "identity"] * 2
+    for i, layer in enumerate(model.layers):
+        if layer.options.get("residual") != "close":
+            continue
+        row = next(r for r in rows if r["index"] == i)
+        # own 3x3 synapse (as a plain conv layer) + the shortcut's ops, recomputed here
+        plain = count_layers([replace(layer, options={})], [maps.input_maps[i]], [maps.output_spikes[i]], maps.samples,
+                             maps.timesteps)[0]
+        skip = maps.skip_maps[i]
+        assert skip is not None and skip.shape == model.layers[i - 1].in_shape
+        if row["shortcut"] == "identity":
+            extra_ops, extra_macs = float(skip.sum()) / maps.samples, 0
+        else:
+            c_out, s = layer.out, layer.options["skip_stride"]
+            reached = F.conv2d(skip[None], torch.ones(c_out, skip.shape[0], 1, 1, dtype=torch.float64), stride=s)
+            extra_ops = float(reached.sum()) / maps.samples
+            extra_macs = layer.out_shape[1] * layer.out_shape[2] * skip.shape[0] * c_out
+        assert row["synaptic_ops_all_weights"] == pytest.approx(plain["synaptic_ops_all_weights"] + extra_ops)
+        assert row["macs"] == plain["macs"] + extra_macs
+    assert sum(r["macs"] for r in rows) == sum(count_macs(model.layers)) + sum(r["shortcut_macs"] for r in joins)
+
+
+# ----------------------------------------------------------------------------- input too small
+
+def test_too_small_input_refused_naming_model_and_size():
+    with pytest.raises(ValueError) as err:
+        build_model({"name": "svgg9"}, (1, 4, 4), 10)
+    msg = str(err.value)
+    assert "\n" not in msg and "svgg9" in msg and "1x4x4" in msg
+
+
+def test_too_small_input_refused_before_training(tmp_path, capsys):
+    # digits are 8x8; a net with four 2x2 pools shrinks them to nothing: the run stops with
+    # one line (exit 2) before any round.
+    from neurofed.cli import main
+    from neurofed.models.spec import ZOO
+
+    pool = Layer("pool", kernel=2, stride=2)
+    register_topology("four_pools", lambda p, k: [Layer("conv", 4, 3, padding=1), pool, pool, pool, pool,
+                                                  Layer("flatten"), Layer("dense", k)])
+    try:
+        rc = main(["run", "examples/digits_fedavg.yaml", "--out", str(tmp_path / "r"),
+                   "--set", "model.name=four_pools", "--set", "federation.rounds=1"])
+    finally:
+        ZOO.pop("four_pools")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert "four_pools" in err[0] and "1x8x8" in err[0]
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+def test_hifi_resnet18_factorizes_both_convs_of_every_block():
+    from neurofed.models.factorized import FactorizedConvSynapse, factorized_synapses
+
+    model = build_model({"name": "hifi_resnet18", "width": 0.125}, (3, 16, 16), 10)
+    marked = [i for i, l in enumerate(model.layers) if l.options.get("block") == "factorized_conv"]
+    assert len(marked) == 16  # what SFedHIFI's server reads as its B·M layers
+    syns = factorized_synapses(model)
+    assert len(syns) == 16 and all(isinstance(model.blocks[i].synapse, FactorizedConvSynapse) for i in marked)
+    names = [n for n, _ in model.named_parameters() if n.endswith(".mix")]
+    assert [int(n.split(".")[1]) for n in names] == marked  # parameter order = layer order
