@@ -34,7 +34,8 @@ class ScaffoldClient(Client):
     displacement of η_l (c − c_i) per step, in the same units as the option II
     variates below (mean displacement per step / η_l), instead of being rescaled by
     Adam's preconditioner. After K local steps (option II):
-    c_i⁺ = c_i − c + (x − y_i)/(K η_l), kept in ``state["c_i"]`` (a flat float32
+    c_i⁺ = c_i − c + (x − y_i)/(K η_l), y_i the upload as sent (clipped and noised under
+    LDP, as the server sees it), kept in ``state["c_i"]`` (a flat float32
     vector; zero before a client's first round). η_l is this round's learning rate
     (``federation.lr``, times ``lr_decay`` per round).
     """
@@ -52,10 +53,12 @@ class ScaffoldClient(Client):
         for p, d in self.correction:
             p.sub_(d, alpha=self.lr)
 
-    def finish(self, model, local_flat, metrics):
-        delta_c = option_ii(self.global_flat, local_flat, self.c, metrics["steps"], self.lr)
+    def uploaded(self, upload, metrics):
+        # Δc_i from the upload as sent (noise included under federation.ldp_laplace, a
+        # post-processing of the private upload): exactly the Δc_i the server computes,
+        # so c stays the mean of the c_i.
+        delta_c = option_ii(self.global_flat, upload, self.c, metrics["steps"], self.lr)
         self.state["c_i"] = self.c_i + delta_c
-        return local_flat
 
 
 class ScaffoldServer(Server):
@@ -71,8 +74,8 @@ class ScaffoldServer(Server):
     Clients upload only y_i: the server recomputes each Δc_i from option II (it knows
     x, c, η_l and the client's step count K from its metrics), so the upload is the
     same size as FedAvg's and Δc_i is exactly the value the client stored. With
-    ``federation.ldp_laplace`` the server's Δc_i comes from the noised y_i (only the
-    privatized upload ever leaves a client).
+    ``federation.ldp_laplace`` both sides compute Δc_i from the noised y_i (only the
+    privatized upload ever leaves a client), so c = c⁰ + (1/N) Σ_i (c_i − c_i⁰) holds.
     """
 
     def __init__(self, cfg, spec, initial, num_clients):
