@@ -57,7 +57,7 @@ def _encode(obj: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
         if arr.dtype.hasobject:
             raise TypeError(f"{where}: object arrays cannot be stored as data")
         name = f"a{len(arrays)}"
-        arrays[name] = np.ascontiguousarray(arr)
+        arrays[name] = arr.copy(order="C")  # (ascontiguousarray would make a 0-d array 1-d)
         return {"$array": name, "scalar": True} if isinstance(obj, np.generic) else {"$array": name}
     if isinstance(obj, dict):
         if all(isinstance(k, str) and not k.startswith("$") for k in obj):
@@ -94,7 +94,7 @@ def _digest(meta: bytes, arrays: dict[str, np.ndarray]) -> str:
     for name in sorted(arrays):
         a = arrays[name]
         h.update(f"|{name}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(np.ascontiguousarray(a).tobytes())
+        h.update(a.tobytes(order="C"))
     return h.hexdigest()
 
 
@@ -167,8 +167,8 @@ def legacy_checkpoint_error(run_dir: Path) -> RunFileError:
     """The message for a run directory written before run files held data only."""
     return RunFileError(
         f"{run_dir / LEGACY_CHECKPOINT}: pickle checkpoint from an older neurofed, not loaded (a pickle can run code); "
-        f"re-run the experiment, or if you trust its origin convert it with "
-        f"`python -m neurofed.runfiles convert-legacy {run_dir}`")
+        f"re-run the experiment, or if you wrote it yourself convert it with "
+        f"`python -m neurofed.runfiles convert-legacy {run_dir} --trusted`")
 
 
 def convert_legacy(run_dir: str | Path) -> Path:
@@ -189,20 +189,25 @@ def convert_legacy(run_dir: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m neurofed.runfiles convert-legacy RUN_DIR --trusted``."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0] != "convert-legacy":
-        print("usage: python -m neurofed.runfiles convert-legacy RUN_DIR", file=sys.stderr)
+    if len(args) not in (2, 3) or args[0] != "convert-legacy" or args[2:] not in ([], ["--trusted"]):
+        print("usage: python -m neurofed.runfiles convert-legacy RUN_DIR --trusted", file=sys.stderr)
         return 2
-    print(f"warning: unpickling {Path(args[1]) / LEGACY_CHECKPOINT}: this runs any code the file holds; "
-          f"convert only checkpoints you wrote yourself", file=sys.stderr)
+    old = Path(args[1]) / LEGACY_CHECKPOINT
+    if args[2:] != ["--trusted"]:
+        print(f"neurofed: error: {old}: converting unpickles the file, which runs any code it holds; "
+              f"add --trusted only for a checkpoint you wrote yourself (else re-run the experiment)", file=sys.stderr)
+        return 2
+    print(f"warning: unpickling {old}: this runs any code the file holds", file=sys.stderr)
     try:
         path = convert_legacy(args[1])
     except RunFileError as exc:
         print(f"neurofed: error: {exc}", file=sys.stderr)
         return 2
-    print(f"-> {path}, {path.with_name(MODEL_LAST)} (the best round's model was not kept by the old format)")
+    print(f"-> {path}, {path.with_name(MODEL_LAST)} (the old format kept no best-round model)")
     return 0
 
 
