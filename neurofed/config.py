@@ -338,6 +338,9 @@ def validate(cfg: dict) -> dict:
                 f"federation.clients_per_round: got {f['clients_per_round']}; "
                 f"expected <= partition.num_clients ({p['num_clients']})"
             )
+        if f.get("ldp_clip") is not None and not f.get("ldp_laplace"):
+            problems.append(f"federation.ldp_clip: got {f['ldp_clip']}; clipping applies only with "
+                            f"federation.ldp_laplace > 0 (set both, or neither)")
     if problems:
         raise ConfigError("\n".join(problems))
     return cfg

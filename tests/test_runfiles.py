@@ -263,6 +263,12 @@ def test_configs_that_would_run_something_else_are_refused(tmp_path):
         "algorithm: got 'fedprox'; expected a mapping of keys (an empty section runs its defaults: remove it instead)"]
 
 
+def test_clipping_without_noise_is_refused():
+    with pytest.raises(ConfigError, match=r"^federation\.ldp_clip: got 1\.0; clipping applies only with "
+                                          r"federation\.ldp_laplace > 0"):
+        load_config(None, ["federation.ldp_clip=1.0"])
+
+
 def test_cli_refuses_an_empty_config_with_exit_2(tmp_path, capsys):
     (tmp_path / "c.yaml").write_text("")
     code, err = cli(capsys, "run", tmp_path / "c.yaml", "--out", tmp_path / "o")
