@@ -239,7 +239,7 @@ def _note(msg: str) -> None:
     print(f"neurofed: note: {msg}", file=sys.stderr)
 
 
-def announce(cfg: dict, out: Path) -> None:
+def announce(cfg: dict) -> None:
     """One line for each setting that does less than its name may suggest."""
     fed = cfg["federation"]
     noised = fed.get("ldp_laplace") or cfg["algorithm"].get("rate_noise")
@@ -318,7 +318,7 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     clients live on SuperNodes); the run directory is the same either way."""
     out = Path(out)
     state = prepare_run_dir(out, cfg, resume)
-    announce(cfg, out)
+    announce(cfg)
     exp = experiment(cfg)
     dump_config(cfg, out / "config.yaml")
     (out / "partition.json").write_text(json.dumps({"label_counts": exp.counts.tolist()}))
