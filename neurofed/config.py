@@ -33,6 +33,23 @@ _Loader.add_implicit_resolver(
 )
 
 
+def _mapping_without_duplicates(loader, node, deep=False):
+    """A YAML mapping, refusing a key given twice (YAML would silently keep the last)."""
+    loader.flatten_mapping(node)
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} given twice (line {key_node.start_mark.line + 1}); "
+                f"YAML would silently keep only the last", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
 def yaml_load(text: str):
     return yaml.load(text, Loader=_Loader)
 
@@ -106,7 +123,9 @@ DEFAULTS: dict[str, Any] = {
         "straggler_prob": 0.0,
         "update_noise": 0.0,  # FedSNN Fig. 8b noise strength s (see update_noise_mode)
         "update_noise_mode": "relative",  # relative: N(0,1)·s·mean|update| per tensor | absolute: N(0,1)·s
-        "ldp_laplace": 0.0,  # FedLEC Eq. 16: Laplace(0, δ) added to every upload
+        "ldp_laplace": 0.0,  # Laplace scale b of local DP on every upload (FedLEC Eq. 16's δ)
+        "ldp_clip": None,  # L1 bound C on each update before the noise: ε = 2C/b; null = Eq. 16, no ε
+        "privacy_noise": "os_entropy",  # os_entropy | seeded_not_private (reproducible, no privacy)
         "target_accuracy": None,
         "logit_scale": 1.0,
         "threads": None,
@@ -348,6 +367,8 @@ def _checks() -> dict[str, Check]:
         "federation.update_noise": number(0),
         "federation.update_noise_mode": choice(("relative", "absolute")),
         "federation.ldp_laplace": number(0),
+        "federation.ldp_clip": number(0, lo_open=True, nullable=True),
+        "federation.privacy_noise": choice(("os_entropy", "seeded_not_private")),
         "federation.target_accuracy": number(0, 1, nullable=True),
         "federation.logit_scale": number(0, lo_open=True),
         "federation.threads": number(1, integer=True, nullable=True),
@@ -397,6 +418,9 @@ def validate(cfg: dict) -> dict:
                 f"federation.clients_per_round: got {f['clients_per_round']}; "
                 f"expected <= partition.num_clients ({p['num_clients']})"
             )
+        if f.get("ldp_clip") is not None and not f.get("ldp_laplace"):
+            problems.append(f"federation.ldp_clip: got {f['ldp_clip']}; clipping applies only with "
+                            f"federation.ldp_laplace > 0 (set both, or neither)")
     if problems:
         raise ConfigError("\n".join(problems))
     return cfg
@@ -422,12 +446,19 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), d
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} not found")
         try:
-            cfg = yaml_load(path.read_text()) or {}
+            cfg = yaml_load(path.read_text())
         except yaml.YAMLError as exc:
             first = str(exc).splitlines()[0]
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {first}") from None
+        if cfg is None:
+            raise ConfigError(f"config file {str(path)!r} is empty; it would run every default — give the "
+                              f"sections you mean (see examples/digits_fedavg.yaml)")
         if not isinstance(cfg, dict):
             raise ConfigError(f"config file {str(path)!r}: expected a mapping of sections at top level")
+        sections = [k for k, v in DEFAULTS.items() if isinstance(v, dict) and k in cfg and not isinstance(cfg[k], dict)]
+        if sections:
+            raise ConfigError("\n".join(f"{k}: got {cfg[k]!r}; expected a mapping of keys (an empty section runs "
+                                         f"its defaults: remove it instead)" for k in sections))
     if data:
         cfg = deep_merge(cfg, data)
     for item in overrides:

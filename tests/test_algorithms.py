@@ -6,7 +6,6 @@ transforms and losses on hand-made logits, and exact resume of SCAFFOLD's state.
 
 import json
 import math
-import pickle
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from neurofed.algorithms.fedrs import restricted_logits
 from neurofed.algorithms.scaffold import C_KEY
 from neurofed.config import ConfigError, load_config
 from neurofed.fl.params import ParamSpec
+from neurofed.runfiles import load_state
 
 LABEL_SKEW = ("fedprox", "scaffold", "fednova", "fedlc", "fedrs", "fedlec")
 
@@ -201,8 +201,8 @@ def test_scaffold_resume_is_exact(tiny_cfg, tmp_path):
     short["federation"]["rounds"] = 1
     run(short, tmp_path / "cut", progress=False, after=False)
     run(cfg, tmp_path / "cut", resume=True, progress=False, after=False)
-    full = pickle.loads((tmp_path / "full" / CHECKPOINT).read_bytes())
-    cut = pickle.loads((tmp_path / "cut" / CHECKPOINT).read_bytes())
+    full = load_state(tmp_path / "full" / CHECKPOINT, "checkpoint")
+    cut = load_state(tmp_path / "cut" / CHECKPOINT, "checkpoint")
     assert np.array_equal(full["server"]["params"], cut["server"]["params"])
     assert np.any(full["server"]["c"]) and np.array_equal(full["server"]["c"], cut["server"]["c"])
     assert full["clients"].keys() == cut["clients"].keys() and full["clients"]
@@ -370,24 +370,27 @@ def test_param_spec_reads_declared_time_axes_and_fedlec_server_uses_them():
 # --------------------------------------------------------------------------- Laplace LDP
 
 
-def _client(delta, **fed):
+def _client(delta, n, **fed):
     cfg = load_config(None, [f"federation.ldp_laplace={delta}"] + [f"federation.{k}={v}" for k, v in fed.items()])
-    client = Client(cfg, ParamSpec(("w",), ((1,),)), lambda: None)
+    client = Client(cfg, ParamSpec(("w",), ((n,),)), lambda: None)
     client.round_config = {"seed": 1234}
+    client.global_flat = np.zeros(n, np.float32)
     return client
 
 
 def test_laplace_noise_has_the_requested_scale():
     n, delta = 200_000, 0.3
-    noise = _client(delta).add_privacy_noise(np.zeros(n, np.float32)).astype(np.float64)
-    # Laplace(0, b): E|X| = b, Var = 2b², E|X|/std = 1/√2 (a Gaussian gives √(2/π) ≈ 0.80)
-    assert abs(noise.mean()) < 4 * math.sqrt(2) * delta / math.sqrt(n)
-    assert np.abs(noise).mean() == pytest.approx(delta, rel=0.01)
-    assert noise.std() == pytest.approx(math.sqrt(2) * delta, rel=0.01)
-    assert np.abs(noise).mean() / noise.std() == pytest.approx(1 / math.sqrt(2), rel=0.01)
-    again = _client(delta).add_privacy_noise(np.zeros(n, np.float32))
-    assert np.array_equal(noise, again)  # seeded from the round's client seed
-    assert np.array_equal(_client(0.0).add_privacy_noise(np.ones(5, np.float32)), np.ones(5, np.float32))
+    for source in ("os_entropy", "seeded_not_private"):
+        noise = _client(delta, n, privacy_noise=source).add_privacy_noise(np.zeros(n, np.float32)).astype(np.float64)
+        # Laplace(0, b): E|X| = b, Var = 2b², E|X|/std = 1/√2 (a Gaussian gives √(2/π) ≈ 0.80)
+        assert abs(noise.mean()) < 4 * math.sqrt(2) * delta / math.sqrt(n)
+        assert np.abs(noise).mean() == pytest.approx(delta, rel=0.01)
+        assert noise.std() == pytest.approx(math.sqrt(2) * delta, rel=0.01)
+        assert np.abs(noise).mean() / noise.std() == pytest.approx(1 / math.sqrt(2), rel=0.01)
+        again = _client(delta, n, privacy_noise=source).add_privacy_noise(np.zeros(n, np.float32))
+        # seeded: the round's client seed fixes the noise; OS entropy: never the same twice
+        assert np.array_equal(noise, again) == (source == "seeded_not_private")
+    assert np.array_equal(_client(0.0, 5).add_privacy_noise(np.ones(5, np.float32)), np.ones(5, np.float32))
 
 
 @pytest.mark.parametrize("name", ["fedavg", "scaffold"])

@@ -1,7 +1,6 @@
 """Federated core: parameter packing, FedAvg aggregation, stragglers, failures, resume."""
 
 import json
-import pickle
 
 import numpy as np
 import pytest
@@ -10,6 +9,7 @@ import torch
 from neurofed.algorithms.base import FitResult, weighted_average
 from neurofed.fl.params import ParamSpec
 from neurofed.models import build_model, model_names
+from neurofed.runfiles import load_state
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "vgg5", "svgg9"])
@@ -125,8 +125,8 @@ def test_resume_gives_exactly_the_uninterrupted_result(tiny_cfg, tmp_path):
     short["federation"]["rounds"] = 1
     run(short, tmp_path / "cut", progress=False)
     run(cfg, tmp_path / "cut", resume=True, progress=False)
-    full = pickle.loads((tmp_path / "full" / CHECKPOINT).read_bytes())["server"]["params"]
-    cut = pickle.loads((tmp_path / "cut" / CHECKPOINT).read_bytes())["server"]["params"]
+    full = load_state(tmp_path / "full" / CHECKPOINT, "checkpoint")["server"]["params"]
+    cut = load_state(tmp_path / "cut" / CHECKPOINT, "checkpoint")["server"]["params"]
     assert np.array_equal(full, cut)
     lines = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(l)["round"] for l in lines] == [1, 2, 3]
@@ -136,7 +136,7 @@ def test_run_writes_the_documented_files(tiny_cfg, tmp_path):
     from neurofed.fl.runner import run
 
     summary = run(tiny_cfg(), tmp_path, progress=False)
-    for name in ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pkl", "plots/accuracy.png"):
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.npz", "plots/accuracy.png"):
         assert (tmp_path / name).exists(), name
     for key in ("final_accuracy", "best_accuracy", "rounds", "wall_time_s", "rounds_to_target"):
         assert key in summary

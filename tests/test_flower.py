@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from neurofed.config import ConfigError, load_config
 from neurofed.flower.records import (from_arrays, from_config, from_metrics, load_state, save_state, to_arrays,
                                      to_config, to_metrics)
 from neurofed.flower.strategy import EXTRA_KEY, NODE_KEY, NUM_EXAMPLES, TARGET_KEY, AlgorithmStrategy
+from neurofed import runfiles
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -65,7 +65,7 @@ def reference(tmp_path: Path, name: str, neurofed_set: str) -> tuple[np.ndarray,
 
 
 def read_run(out: Path) -> tuple[np.ndarray, list[dict]]:
-    params = pickle.loads((out / "checkpoint.pkl").read_bytes())["server"]["params"]
+    params = runfiles.load_state(out / "checkpoint.npz", "checkpoint")["server"]["params"]
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     return params, lines
 
@@ -533,7 +533,7 @@ def test_sfedhifi_in_flower_simulation_equals_the_in_process_runner(tmp_path, pr
     params, lines = read_run(simulate(tmp_path, processes, "flower", neurofed_set))
     ref_params, ref_lines = reference(tmp_path, "inprocess", neurofed_set)
     same_records(lines, ref_lines)
-    widths = [pickle.loads((tmp_path / d / "checkpoint.pkl").read_bytes())["server"]["widths"]
+    widths = [runfiles.load_state(tmp_path / d / "checkpoint.npz", "checkpoint")["server"]["widths"]
               for d in ("flower", "inprocess")]
     assert set(widths[0]) == {"0.5", "1"}
     for p in widths[0]:

@@ -23,6 +23,7 @@ from neurofed.fl.seeds import seed_for
 from neurofed.models.snn import SpikingNet
 from neurofed.models.spec import Layer, resolve
 from neurofed.plots import class_coverage, coverage_gap
+from neurofed.runfiles import load_state
 
 from conftest import tiny_overrides
 
@@ -118,11 +119,16 @@ def test_sfedca_client_reports_delta_r_of_global_vs_trained(tiny_cfg):
     assert metrics["delta_r"] == pytest.approx(delta_r(r0, r1), rel=1e-12, abs=1e-15)
     assert metrics["delta_r"] > 0
 
-    noisy = Experiment(tiny_cfg(**{"algorithm.name": "sfedca", "algorithm.candidates": 3,
-                                   "algorithm.rate_noise": 0.05}))
-    _, _, m1 = noisy.client.fit(noisy.server.message(), config, data, {})
-    _, _, m2 = noisy.client.fit(noisy.server.message(), config, data, {})
+    seeded = Experiment(tiny_cfg(**{"algorithm.name": "sfedca", "algorithm.candidates": 3,
+                                    "algorithm.rate_noise": 0.05, "federation.privacy_noise": "seeded_not_private"}))
+    _, _, m1 = seeded.client.fit(seeded.server.message(), config, data, {})
+    _, _, m2 = seeded.client.fit(seeded.server.message(), config, data, {})
     assert m1["delta_r"] == m2["delta_r"] != metrics["delta_r"]  # seeded noise on the rates
+    private = Experiment(tiny_cfg(**{"algorithm.name": "sfedca", "algorithm.candidates": 3,
+                                     "algorithm.rate_noise": 0.05}))
+    _, _, m3 = private.client.fit(private.server.message(), config, data, {})
+    _, _, m4 = private.client.fit(private.server.message(), config, data, {})
+    assert len({m1["delta_r"], m3["delta_r"], m4["delta_r"]}) == 3  # OS entropy: never the same noise
 
 
 def _spec(size=3):
@@ -352,11 +358,8 @@ def test_resume_is_exact_and_run_writes_coverage(tmp_path, tiny_cfg, extra):
     assert (tmp_path / "full" / "plots" / "class_coverage.png").is_file()
     cov = json.loads((tmp_path / "full" / "class_coverage.json").read_text())
     assert len(cov["proportions"]) == 2 and sum(cov["proportions"][-1]) == pytest.approx(1.0)
-    ckpt_a = (tmp_path / "full" / "checkpoint.pkl").read_bytes()
-    import pickle
-
-    sa = pickle.loads(ckpt_a)["server"]
-    sb = pickle.loads((tmp_path / "part" / "checkpoint.pkl").read_bytes())["server"]
+    sa = load_state(tmp_path / "full" / "checkpoint.npz", "checkpoint")["server"]
+    sb = load_state(tmp_path / "part" / "checkpoint.npz", "checkpoint")["server"]
     for k in sa:
         np.testing.assert_array_equal(np.asarray(sa[k]), np.asarray(sb[k]))
 

@@ -5,7 +5,6 @@ objective, and the heterogeneous-width runs."""
 from __future__ import annotations
 
 import json
-import pickle
 
 import h5py
 import numpy as np
@@ -24,6 +23,7 @@ from neurofed.models.hifi_cnn import factorized
 from neurofed.models.snn import SpikingNet, quantize_8bit
 from neurofed.models.spec import Layer, resolve
 from test_deploy import assert_round_trip, random_spikes
+from neurofed.runfiles import load_state, save_state
 
 WIDTHS = [0.25, 0.5, 0.75, 1.0]
 
@@ -233,14 +233,15 @@ def test_baselines_aggregate_only_within_each_width(tiny_cfg):
     np.testing.assert_allclose(_tensor(server, 1.0, "blocks.1.synapse.bank"), 11.0)
 
 
-def test_every_width_survives_a_checkpoint(tiny_cfg):
+def test_every_width_survives_a_checkpoint(tiny_cfg, tmp_path):
     server = _server(tiny_cfg, "hetero_fednova")
     replies = _replies(server, [(0.25, 1.0), (0.5, 2.0), (0.75, 3.0), (1.0, 4.0)])
     for r in replies:
         r.metrics["fednova_a"] = 2.0
     server.aggregate(1, replies)
     restored = _server(tiny_cfg, "hetero_fednova")
-    restored.load_state_dict(pickle.loads(pickle.dumps(server.state_dict())))
+    save_state(tmp_path / "ckpt.npz", server.state_dict(), "checkpoint")
+    restored.load_state_dict(load_state(tmp_path / "ckpt.npz", "checkpoint"))
     for p in WIDTHS:
         np.testing.assert_array_equal(restored.servers[p].params, server.servers[p].params)
     np.testing.assert_array_equal(restored.params, server.servers[1.0].params)  # model.width's model
@@ -413,7 +414,7 @@ def test_a_heterogeneous_run_reports_accuracy_per_width(name, tiny_cfg, tmp_path
     if name != "sfedhifi":
         return
     # the exported network is the global model at model.width; energy is reported for every width
-    state = pickle.loads((tmp_path / "checkpoint.pkl").read_bytes())["server"]
+    state = load_state(tmp_path / "checkpoint.npz", "checkpoint")["server"]
     np.testing.assert_array_equal(state["params"], state["widths"]["0.5"]["params"])
     model = build_model(cfg["model"], (1, 8, 8), 10)
     from neurofed.fl.params import ParamSpec

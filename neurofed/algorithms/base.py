@@ -89,7 +89,8 @@ class Client:
         upload = self.add_update_noise(upload, global_flat)
         upload = self.add_privacy_noise(upload)
         self.uploaded(upload, metrics)
-        metrics["label_counts"] = data.label_counts
+        if not self.cfg["federation"].get("ldp_laplace"):  # under LDP the class histogram stays home
+            metrics["label_counts"] = data.label_counts
         return self.spec.unpack(upload), int(len(data.y)), metrics
 
     def model(self) -> torch.nn.Module:
@@ -126,8 +127,16 @@ class Client:
         return local_flat
 
     def uploaded(self, upload: np.ndarray, metrics: dict) -> None:
-        """Called with exactly what leaves the client (after update and privacy noise):
-        local state derived from the upload (SCAFFOLD's c_i) is derived from this."""
+        """After the upload is final (noise included): update local state from what
+        the server will see, so client and server state agree (SCAFFOLD's c_i)."""
+
+    def noise(self, stream: str, *keys: int) -> "Noise":
+        """This round's noise source for ``stream`` (:mod:`neurofed.fl.privacy`): OS
+        entropy, or — ``federation.privacy_noise: seeded_not_private`` — the round seed."""
+        from neurofed.fl.privacy import OS_ENTROPY, Noise
+
+        source = self.cfg["federation"].get("privacy_noise", OS_ENTROPY)
+        return Noise(source, int(self.round_config["seed"]), stream, *keys)
 
     def add_update_noise(self, upload: np.ndarray, global_flat: np.ndarray) -> np.ndarray:
         """FedSNN's gradient-noise study (Venkatesha et al. 2021, Sec. IV-E, Fig. 8b):
@@ -150,15 +159,18 @@ class Client:
         return upload + noise.astype(np.float32)
 
     def add_privacy_noise(self, upload: np.ndarray) -> np.ndarray:
-        """Laplace local differential privacy, FedLEC Eq. 16 (Yu et al., IJCAI 2025):
-        θ^m ← θ^m + Laplace(0, δ) on every uploaded value, δ = ``federation.ldp_laplace``
-        (the Laplace scale b: E|noise| = δ, std = √2·δ). Works with every algorithm
-        because every client half uploads its parameters; seeded per round and client."""
-        delta = self.cfg["federation"].get("ldp_laplace", 0.0)
-        if not delta:
+        """Laplace local differential privacy (:mod:`neurofed.fl.privacy`): the update
+        y − x clipped to L1 norm ``federation.ldp_clip`` = C, then Laplace(0, b) on
+        every uploaded value, b = ``federation.ldp_laplace`` (E|noise| = b, std = √2·b);
+        ε = 2C/b per upload. ``ldp_clip: null`` is FedLEC Eq. 16 (Yu et al., IJCAI
+        2025): θ^m ← θ^m + Laplace(0, δ), no clipping, no ε bound. Works with every
+        algorithm because every client half uploads its parameters."""
+        from neurofed.fl.privacy import privatize_update
+
+        fed = self.cfg["federation"]
+        if not fed.get("ldp_laplace", 0.0):
             return upload
-        rng = np.random.default_rng(seed_for(int(self.round_config["seed"]), "ldp_laplace"))
-        return upload + rng.laplace(0.0, delta, size=upload.shape).astype(np.float32)
+        return privatize_update(upload, self.global_flat, fed, self.noise("ldp_laplace"))
 
 
 class Server:
@@ -266,6 +278,12 @@ class Algorithm:
     config_defaults: dict[str, Any] = {}
     config_checks: dict[str, Callable[[Any], str | None]] = {}
     needs_client_state = False
+
+    @classmethod
+    def privacy_mechanisms(cls, cfg: dict, num_classes: int) -> list[dict]:
+        """Noised releases of this algorithm's clients beyond the model update
+        (:func:`neurofed.fl.privacy.mechanisms`), e.g. SFedCA's firing-rate report."""
+        return []
 
     @classmethod
     def validate_config(cls, algo_cfg: dict, cfg: dict) -> list[str]:

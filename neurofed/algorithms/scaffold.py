@@ -34,10 +34,10 @@ class ScaffoldClient(Client):
     displacement of η_l (c − c_i) per step, in the same units as the option II
     variates below (mean displacement per step / η_l), instead of being rescaled by
     Adam's preconditioner. After K local steps (option II):
-    c_i⁺ = c_i − c + (x − y_i)/(K η_l), kept in ``state["c_i"]`` (a flat float32
-    vector; zero before a client's first round), with y_i the uploaded parameters
-    (noised, when update noise or LDP is on: :meth:`uploaded`). η_l is this round's learning rate
-    (``federation.lr`` with its schedule, :func:`neurofed.algorithms.base.round_lr`).
+    c_i⁺ = c_i − c + (x − y_i)/(K η_l), y_i the upload as sent (after ``federation.update_noise``
+    and, under LDP, clipped and noised, as the server sees it: :meth:`uploaded`), kept in
+    ``state["c_i"]`` (a flat float32 vector; zero before a client's first round). η_l is this
+    round's learning rate (``federation.lr`` with its schedule, :func:`neurofed.algorithms.base.round_lr`).
     """
 
     def begin(self, model) -> None:
@@ -54,9 +54,9 @@ class ScaffoldClient(Client):
             p.sub_(d, alpha=self.lr)
 
     def uploaded(self, upload, metrics):
-        """c_i⁺ from the uploaded y_i — after ``federation.update_noise`` / ``ldp_laplace``,
-        if any — so that it is exactly the Δc_i the server recomputes from the same upload
-        (c stays (1/N) Σ_i c_i; with noise, a c_i from the clean y_i would drift from it)."""
+        # Δc_i from the upload as sent (update noise and, under federation.ldp_laplace, the
+        # privatized upload, a post-processing of it): exactly the Δc_i the server computes,
+        # so c stays the mean of the c_i (a c_i from the clean y_i would drift from it).
         delta_c = option_ii(self.global_flat, upload, self.c, metrics["steps"], self.lr)
         self.state["c_i"] = self.c_i + delta_c
 
@@ -74,8 +74,8 @@ class ScaffoldServer(Server):
     Clients upload only y_i: the server recomputes each Δc_i from option II (it knows
     x, c, η_l and the client's step count K from its metrics), so the upload is the
     same size as FedAvg's and Δc_i is exactly the value the client stored. With
-    ``federation.update_noise`` or ``ldp_laplace`` both sides use the noised y_i (only
-    the noised upload ever leaves a client), so c = (1/N) Σ_i c_i still holds.
+    ``federation.update_noise`` or ``ldp_laplace`` both sides compute Δc_i from the noised
+    y_i (only the noised upload ever leaves a client), so c = c⁰ + (1/N) Σ_i (c_i − c_i⁰) holds.
     """
 
     def __init__(self, cfg, spec, initial, num_clients):

@@ -30,7 +30,13 @@ exactly the zero entries. ``algorithm.rate_noise`` = σ adds N(0, σ²) to every
 class's rate, before and after training and for absent classes too (so the vector
 has no zero pattern), and ΔR_k is computed from the noised rates. The noise raises
 E[ΔR_k] by the same 2Cσ² for every client, so the ranking is kept in expectation
-and only its variance grows. Cost: each candidate trains, so a round trains S
+and only its variance grows. The noise comes from the OS's entropy unless
+``federation.privacy_noise: seeded_not_private`` (:mod:`neurofed.fl.privacy`). Each
+rate is clipped to [0, ``algorithm.rate_clip``] first (1 = no-op for binary spikes),
+so the 2C rates before and after training have L2 sensitivity rate_clip·√(2C) over
+any two local datasets, and ΔR_k, a function of them, is (ε, δ)-DP with ε from the
+analytic Gaussian mechanism at δ = ``algorithm.rate_delta`` (reported per round).
+Cost: each candidate trains, so a round trains S
 clients (not P) and runs two extra forward passes per candidate.
 """
 
@@ -41,7 +47,7 @@ import torch
 
 from neurofed.algorithms.base import Algorithm, Client, Server, weighted_average
 from neurofed.config import choice, number
-from neurofed.fl.seeds import rng_for, seed_for
+from neurofed.fl.seeds import seed_for
 from neurofed.fl.train import forward_dataset
 
 
@@ -96,9 +102,11 @@ class SFedCAClient(Client):
         # The same encoding seed before and after training: ΔR reflects the weights only.
         rates = class_firing_rates(model, d.x, d.y, d.num_classes, self.cfg["data"], seed_for(seed, "rates"),
                                    self.cfg["algorithm"]["rate_layers"])
-        sigma = self.cfg["algorithm"].get("rate_noise", 0.0)
+        algo = self.cfg["algorithm"]
+        sigma = algo.get("rate_noise", 0.0)
         if sigma:
-            rates = rates + rng_for(seed, "rate_noise", when == "after").normal(0.0, sigma, rates.shape)
+            rates = np.clip(rates, 0.0, algo.get("rate_clip", 1.0))
+            rates = rates + self.noise("rate_noise", when == "after").normal(sigma, rates.shape)
         return rates
 
 
@@ -126,13 +134,29 @@ class SFedCA(Algorithm):
     name = "sfedca"
     Server = SFedCAServer
     Client = SFedCAClient
-    config_defaults = {"candidates": 10, "rate_noise": 0.0, "weighting": "uniform", "rate_layers": "weights"}
+    config_defaults = {"candidates": 10, "rate_noise": 0.0, "rate_clip": 1.0, "rate_delta": 1e-5,
+                       "weighting": "uniform", "rate_layers": "weights"}
     config_checks = {
         "candidates": number(2, integer=True),
         "rate_noise": number(0),
+        "rate_clip": number(0, 1, lo_open=True),
+        "rate_delta": number(0, 1, lo_open=True),
         "weighting": choice(("uniform", "samples")),
         "rate_layers": choice(("weights", "all")),
     }
+
+    @classmethod
+    def privacy_mechanisms(cls, cfg: dict, num_classes: int) -> list[dict]:
+        from neurofed.fl.privacy import gaussian_epsilon
+
+        algo = cfg["algorithm"]
+        sigma = algo.get("rate_noise", 0.0)
+        if not sigma:  # ΔR_k from clean rates: no bound
+            return [{"release": "firing-rate report (delta_r)", "mechanism": "none", "epsilon": None, "delta": 0.0}]
+        sens = algo["rate_clip"] * np.sqrt(2 * num_classes)
+        return [{"release": "firing-rate report (delta_r)", "mechanism": "gaussian", "sigma": sigma,
+                 "clip": algo["rate_clip"], "sensitivity_l2": float(sens),
+                 "epsilon": gaussian_epsilon(sigma, float(sens), algo["rate_delta"]), "delta": algo["rate_delta"]}]
 
     @classmethod
     def validate_config(cls, algo_cfg: dict, cfg: dict) -> list[str]:

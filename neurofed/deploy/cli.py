@@ -5,17 +5,24 @@ from __future__ import annotations
 from neurofed.deploy.constraints import DEFAULT_PROFILE
 
 
+def round_arg(p) -> None:
+    """``--round best|last|N``: which kept global model a command reads."""
+    p.add_argument("--round", default="last", metavar="best|last|N",
+                   help="global model of the best round, the last (default), or round N where N is one of "
+                        "those two (a run keeps its best and last global models)")
+
+
 def cmd_export(args) -> int:
     from neurofed.deploy.export import export_run
 
-    export_run(args.run_dir, profile=args.profile)
+    export_run(args.run_dir, profile=args.profile, round=args.round)
     return 0
 
 
 def cmd_lava(args) -> int:
     from neurofed.deploy.lava_run import run_lava
 
-    run_lava(args.run_dir, samples=args.samples, backend=args.backend, quiet=args.quiet)
+    run_lava(args.run_dir, samples=args.samples, backend=args.backend, quiet=args.quiet, round=args.round)
     return 0
 
 
@@ -25,6 +32,7 @@ def add_commands(sub) -> None:
     p.add_argument("run_dir", help="directory of a finished `neurofed run`")
     p.add_argument("--profile", default=DEFAULT_PROFILE,
                    help=f"hardware profile in hw_profiles/ (name or YAML path; default {DEFAULT_PROFILE})")
+    round_arg(p)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("lava", help="run test samples through RUN_DIR/model.net on Lava and compare with torch "
@@ -34,4 +42,5 @@ def add_commands(sub) -> None:
     p.add_argument("--backend", default="fixed_pt", choices=("fixed_pt", "loihi2"),
                    help="fixed_pt: bit-accurate CPU simulator (default); loihi2: Loihi 2 chip (needs lava-loihi)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    round_arg(p)
     p.set_defaults(func=cmd_lava)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 from pathlib import Path
 from typing import NamedTuple
 
@@ -32,14 +31,45 @@ FORMAT = "neurofed-netx-1"
 
 
 class RunModel(NamedTuple):
-    model: torch.nn.Module  # the global model, parameters as in the checkpoint, eval mode
+    model: torch.nn.Module  # the global model, parameters as in the kept model file, eval mode
     cfg: dict  # the run's resolved config
     dataset: object  # neurofed.data.Dataset the run trained on
-    round: int  # last checkpointed round
+    round: int  # the round whose global model this is
 
 
-def load_global_model(run_dir: str | Path, dataset=None) -> RunModel:
-    """Rebuild the global model of ``run_dir`` from ``config.yaml`` and ``checkpoint.pkl``.
+ROUNDS_KEPT = "best and last"
+
+
+def model_file(run_dir: str | Path, round: str | int = "last") -> Path:
+    """The kept global-model file of ``run_dir`` for ``round``: ``best``, ``last``, or a
+    round number that is one of those two (a run keeps the best and the last round)."""
+    from neurofed.runfiles import LEGACY_CHECKPOINT, MODEL_BEST, MODEL_LAST, legacy_checkpoint_error, load_state
+
+    run_dir = Path(run_dir)
+    if round in ("best", "last"):
+        path = run_dir / (MODEL_BEST if round == "best" else MODEL_LAST)
+        if not path.is_file():
+            if (run_dir / LEGACY_CHECKPOINT).is_file():
+                raise legacy_checkpoint_error(run_dir)
+            raise DeployError(f"{run_dir}: no {path.name}; expected the directory of a finished `neurofed run`")
+        return path
+    try:
+        wanted = int(round)
+    except (TypeError, ValueError):
+        raise DeployError(f"--round: got {round!r}; expected best, last or a round number") from None
+    kept = {}
+    for name in ("last", "best"):
+        path = model_file(run_dir, name)
+        kept[int(load_state(path, "model")["round"])] = path
+    if wanted not in kept:
+        raise DeployError(f"--round: got {wanted}; {run_dir} keeps the global models of rounds "
+                          f"{', '.join(map(str, sorted(kept)))} ({ROUNDS_KEPT})")
+    return kept[wanted]
+
+
+def load_global_model(run_dir: str | Path, dataset=None, round: str | int = "last") -> RunModel:
+    """Rebuild the global model of ``run_dir`` from ``config.yaml`` and the kept model
+    file of ``round`` (:func:`model_file`: best, last or that round's number).
 
     The dataset is loaded (or pass it) because the model's input shape and class
     count come from it.
@@ -48,23 +78,23 @@ def load_global_model(run_dir: str | Path, dataset=None) -> RunModel:
     from neurofed.data import load_dataset
     from neurofed.fl.params import ParamSpec
     from neurofed.models import build_run_model
+    from neurofed.runfiles import load_state
 
     run_dir = Path(run_dir)
-    cfg_path, ckpt_path = run_dir / "config.yaml", run_dir / "checkpoint.pkl"
-    for p in (cfg_path, ckpt_path):
-        if not p.is_file():
-            raise DeployError(f"{run_dir}: no {p.name}; expected the directory of a finished `neurofed run`")
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise DeployError(f"{run_dir}: no config.yaml; expected the directory of a finished `neurofed run`")
+    path = model_file(run_dir, round)
     cfg = resolve(yaml.safe_load(cfg_path.read_text()) or {})  # as the run wrote it, defaults filled
-    try:
-        state = pickle.loads(ckpt_path.read_bytes())
-        params = np.asarray(state["server"]["params"], dtype=np.float32)
-    except Exception as exc:  # truncated file, foreign pickle, missing keys
-        raise DeployError(f"{ckpt_path}: not a neurofed checkpoint ({type(exc).__name__}: {exc})") from None
+    state = load_state(path, "model")
+    params = state.get("params") if isinstance(state, dict) else None
+    if not isinstance(params, np.ndarray) or params.dtype != np.float32 or params.ndim != 1:
+        raise DeployError(f"{path}: no float32 parameter vector 'params'; not a neurofed global model")
     ds = dataset if dataset is not None else load_dataset(cfg["data"], cfg["seed"])
     model = build_run_model(cfg, ds)
     spec = ParamSpec.from_model(model)
     if params.shape != (spec.size,):
-        raise DeployError(f"{ckpt_path}: {params.size} parameters, but config.yaml's model has {spec.size}")
+        raise DeployError(f"{path}: {params.size} parameters, but config.yaml's model has {spec.size}")
     spec.set(model, params)
     model.eval()
     return RunModel(model, cfg, ds, int(state.get("round", 0)))
@@ -214,27 +244,31 @@ def read_net(path: str | Path, model=None) -> dict:
     return meta
 
 
-def export_run(run_dir: str | Path, exp=None, profile=DEFAULT_PROFILE, quiet: bool = False) -> Path:
-    """Export the global model of ``run_dir`` to ``run_dir/model.net``.
+def export_run(run_dir: str | Path, exp=None, profile=DEFAULT_PROFILE, quiet: bool = False,
+               round: str | int = "last") -> Path:
+    """Export the global model of ``run_dir`` (of ``round``: best, last or a kept
+    round's number) to ``run_dir/model.net``; the file records the round.
 
-    ``exp`` (the runner's Experiment, after training) saves reloading the dataset.
-    Prints the hardware check; writes it to ``run_dir/hardware.json``.
+    ``exp`` (the runner's Experiment, after training: the last round) saves reloading
+    the dataset. Prints the hardware check; writes it to ``run_dir/hardware.json``.
     """
     run_dir = Path(run_dir)
-    if exp is not None:
+    if exp is not None and round == "last":
         from neurofed.fl.params import ParamSpec
 
         model = exp.new_model()
         ParamSpec.from_model(model).set(model, exp.server.params)
         model.eval()
         cfg = exp.cfg
+        rnd = cfg["federation"]["rounds"]
     else:
-        model, cfg, _, _ = load_global_model(run_dir)
+        model, cfg, ds, rnd = load_global_model(run_dir, None if exp is None else exp.dataset, round)
     if cfg["model"].get("kind", "snn") != "snn":
         raise DeployError(f"model.kind is {cfg['model']['kind']!r}: only spiking models export to netx")
     data = cfg["data"]
     meta = {"model": cfg["model"]["name"], "width": cfg["model"]["width"], "timesteps": data["timesteps"],
-            "encoding": data["encoding"], "dataset": data["name"], "quantized_training": cfg["model"]["quantize"]}
+            "encoding": data["encoding"], "dataset": data["name"], "quantized_training": cfg["model"]["quantize"],
+            "round": int(rnd)}
     path = run_dir / NET_FILE
     report = check_model(model, profile, timesteps=data["timesteps"])
     if data["encoding"] == "direct":
@@ -248,5 +282,5 @@ def export_run(run_dir: str | Path, exp=None, profile=DEFAULT_PROFILE, quiet: bo
     if not quiet:
         note = "" if cfg["model"]["quantize"] else \
             " (weights quantized to 8 bits at export: trained without model.quantize)"
-        print(f"netx network -> {path}{note}")
+        print(f"netx network (global model of round {rnd}) -> {path}{note}")
     return path

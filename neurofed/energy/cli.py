@@ -28,7 +28,7 @@ def cmd_energy(args) -> int:
     if args.samples is not None and args.samples < 1:
         raise ValueError(f"--samples: got {args.samples}; expected >= 1")
     result = energy_for_run(args.run_dir, profiles=args.profiles, spikes=args.spikes, samples=args.samples,
-                            convention=args.convention)
+                            convention=args.convention, round=args.round)
     print(format_summary(result))
     run = Path(args.run_dir)
     print(f"-> {run / 'energy.json'}, {run / 'plots' / 'energy_layers.png'}")
@@ -49,6 +49,9 @@ def add_commands(sub) -> None:
     p = sub.add_parser("energy", help="energy per inference of a run (SNN vs ANN twin) on hardware profiles")
     p.add_argument("run_dir", help="run directory written by `neurofed run`")
     _profile_args(p)
+    from neurofed.deploy.cli import round_arg
+
+    round_arg(p)
     p.set_defaults(func=cmd_energy)
 
     p = sub.add_parser("energy-report", help="one energy table and plot across runs, datasets and profiles")

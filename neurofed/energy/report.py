@@ -52,25 +52,28 @@ class LoadedRun:
     x_test: torch.Tensor
     y_test: torch.Tensor
     summary: dict
+    round: int | None = None  # the round whose global model this is
 
 
-def load_run(run_dir: str | Path, exp=None) -> LoadedRun:
-    """Load RUN_DIR's config and final global parameters (``load_global_model``).
+def load_run(run_dir: str | Path, exp=None, round: str | int = "last") -> LoadedRun:
+    """Load RUN_DIR's config and the global parameters of ``round`` (best, last or a
+    kept round's number; ``load_global_model``).
 
     With ``exp`` (the runner's Experiment, right after training) nothing is re-read.
     """
     run_dir = Path(run_dir)
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    if exp is not None:
-        return LoadedRun(run_dir, exp.cfg, exp.eval_model, exp.x_test, exp.y_test, summary)
+    if exp is not None and round == "last":
+        return LoadedRun(run_dir, exp.cfg, exp.eval_model, exp.x_test, exp.y_test, summary,
+                         exp.cfg["federation"]["rounds"])
     from neurofed.deploy.export import load_global_model
 
-    rm = load_global_model(run_dir)
+    rm = load_global_model(run_dir, round=round)
     from neurofed.data.encoding import as_tensor
 
     x = as_tensor(rm.dataset.x_test)  # as stored (uint8 pixels stay uint8; encoded per batch)
-    return LoadedRun(run_dir, rm.cfg, rm.model, x, torch.as_tensor(rm.dataset.y_test), summary)
+    return LoadedRun(run_dir, rm.cfg, rm.model, x, torch.as_tensor(rm.dataset.y_test), summary, rm.round)
 
 
 def _measure(run: LoadedRun, spikes: str, samples: int | None) -> SpikeMaps:
@@ -89,7 +92,11 @@ def _measure(run: LoadedRun, spikes: str, samples: int | None) -> SpikeMaps:
 
         # A one-sample torch pass sets weight-norm weights for the nonzero masks.
         measure_torch(run.model, run.x_test[:1], cfg["data"], seed_for(cfg["seed"], "eval"))
-        n = int(read_lava_record(run.run_dir).get("samples", 0))
+        record = read_lava_record(run.run_dir)
+        if run.round is not None and record.get("round") not in (None, run.round):
+            raise ValueError(f"--spikes lava: {run.run_dir / LAVA_FILE} is of round {record['round']}, not "
+                             f"{run.round}; run `neurofed lava {run.run_dir} --round {run.round}` first")
+        n = int(record.get("samples", 0))
         # Lava received exactly these input spikes (lava_run draws them from this seed).
         s, _ = input_spikes(run.x_test[:n].numpy(), cfg["data"], seed_for(cfg["seed"], "lava"))
         first = torch.from_numpy(s).double().sum(dim=(0, s.ndim - 1))
@@ -226,12 +233,13 @@ def _ann_only(layers, profiles: list[Profile]) -> dict:
 
 def energy_for_run(run_dir: str | Path, profiles=None, spikes: str = "torch", samples: int | None = None,
                    exp=None, write: bool = True, plots: bool = True, targets=None,
-                   convention: str | None = None) -> dict:
-    """Count, price and (by default) write RUN_DIR/energy.json and its plots.
+                   convention: str | None = None, round: str | int = "last") -> dict:
+    """Count, price and (by default) write RUN_DIR/energy.json and its plots, for the
+    global model of ``round`` (best, last or a kept round's number).
     ``convention``: ``exact`` | ``paper`` (default: the run's ``energy.convention``)."""
     if spikes not in SPIKE_SOURCES:
         raise ValueError(f"--spikes: got {spikes!r}; allowed: {', '.join(SPIKE_SOURCES)}")
-    run = load_run(run_dir, exp=exp)
+    run = load_run(run_dir, exp=exp, round=round)
     refs = profiles or run.cfg.get("energy", {}).get("profiles") or DEFAULT_PROFILES
     profs = load_profiles(refs)
     model = run.model
@@ -248,6 +256,7 @@ def energy_for_run(run_dir: str | Path, profiles=None, spikes: str = "torch", sa
         "algorithm": run.cfg["algorithm"]["name"], "encoding": run.cfg["data"]["encoding"],
         "timesteps": run.cfg["data"]["timesteps"],
         "final_accuracy": run.summary.get("final_accuracy"),
+        "round": run.round,
     }
     from neurofed.energy.training import plot_training_energy, training_energy
 

@@ -163,7 +163,7 @@ def _neuron_maps(run_dir: Path, record: dict, model, spiking: list[int]) -> dict
         return None
     import numpy as np
 
-    with np.load(run_dir / name) as z:
+    with np.load(run_dir / name, allow_pickle=False) as z:
         if sorted(z.files) != sorted(f"layer{j}" for j in range(len(spiking))):
             return None
         maps = {}

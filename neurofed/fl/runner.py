@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -30,12 +30,14 @@ from neurofed.data import load_dataset
 from neurofed.data.encoding import as_tensor
 from neurofed.data.partition import label_counts, partition
 from neurofed.fl.params import ParamSpec
+from neurofed.fl.privacy import SEEDED, Accountant
 from neurofed.fl.seeds import rng_for, seed_for
 from neurofed.fl.train import evaluate
 from neurofed.models import build_model, build_run_model
+from neurofed.runfiles import (CHECKPOINT, LEGACY_CHECKPOINT, MODEL_BEST, MODEL_LAST, legacy_checkpoint_error,
+                               load_state, save_state)
 
-CHECKPOINT = "checkpoint.pkl"
-RUN_FILES = ("metrics.jsonl", "summary.json", CHECKPOINT)
+RUN_FILES = ("metrics.jsonl", "summary.json", CHECKPOINT, LEGACY_CHECKPOINT)
 
 
 class RunDirError(ConfigError):
@@ -228,10 +230,35 @@ class Experiment:
         return {"round": rnd, "server": self.server.state_dict(), "clients": self.client_states,
                 "config": self.cfg}
 
+    def model_state(self, rnd: int, accuracy: float | None) -> dict:
+        """The global model(s) after round ``rnd``, as ``model_last.npz`` / ``model_best.npz`` hold them."""
+        state = {"round": rnd, "accuracy": accuracy, "params": np.array(self.server.params, dtype=np.float32)}
+        several = getattr(self.server, "global_models", None)
+        if several is not None:
+            state["models"] = {label: {"model": model_cfg, "params": np.array(flat, dtype=np.float32)}
+                               for label, (model_cfg, flat) in several().items()}
+        return state
+
     def restore(self, state: dict) -> int:
         self.server.load_state_dict(state["server"])
         self.client_states = state["clients"]
         return int(state["round"])
+
+
+def _note(msg: str) -> None:
+    print(f"neurofed: note: {msg}", file=sys.stderr)
+
+
+def announce(cfg: dict) -> None:
+    """One line for each setting that does less than its name may suggest."""
+    fed = cfg["federation"]
+    noised = fed.get("ldp_laplace") or cfg["algorithm"].get("rate_noise")
+    if noised and fed.get("privacy_noise") == SEEDED:
+        _note("federation.privacy_noise is seeded_not_private: the noise derives from seeds the server holds "
+              "and can be removed by it (reproducible, no privacy)")
+    if fed.get("ldp_laplace") and fed.get("ldp_clip") is None:
+        _note("federation.ldp_laplace without federation.ldp_clip is FedLEC Eq. 16: updates are not bounded, "
+              "so no epsilon holds (reported as unbounded)")
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -274,8 +301,13 @@ def prepare_run_dir(out: Path, cfg: dict, resume: bool) -> dict | None:
     ckpt = out / CHECKPOINT
     if resume:
         if not ckpt.exists():
-            return None  # nothing to resume: start fresh in the same directory
-        state = pickle.loads(ckpt.read_bytes())
+            if (out / LEGACY_CHECKPOINT).exists():
+                raise legacy_checkpoint_error(out)
+            _note(f"--resume: {out} holds no {CHECKPOINT}; starting from round 1")
+            return None
+        state = load_state(ckpt, "checkpoint")
+        if not isinstance(state, dict) or not {"round", "server", "clients", "config"} <= set(state):
+            raise RunDirError(f"{ckpt}: not a run checkpoint (missing round/server/clients/config)")
         diffs = config_differences(state["config"], cfg)
         if diffs:
             raise RunDirError(f"--resume: {', '.join(diffs[:5])} differ from the config {out} was started with; "
@@ -296,19 +328,28 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     clients live on SuperNodes); the run directory is the same either way."""
     out = Path(out)
     state = prepare_run_dir(out, cfg, resume)
+    announce(cfg)
     exp = experiment(cfg)
     dump_config(cfg, out / "config.yaml")
     (out / "partition.json").write_text(json.dumps({"label_counts": exp.counts.tolist()}))
     start = 0
     metrics_path = out / "metrics.jsonl"
     history: list[dict] = []
+    best = None  # the model state of the best round so far (first of equals, as summarize)
+    accountant = Accountant(cfg, exp.dataset.num_classes)
     if state is not None:
         start = exp.restore(state)
+        best = state.get("best")
         # keep the lines up to the checkpointed round (a kill may have left one more)
         if metrics_path.exists():
             history = [json.loads(l) for l in metrics_path.read_text().splitlines() if l.strip()]
             history = [h for h in history if h["round"] <= start]
         metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
+        accountant.replay(history)
+        # the model files may be a round ahead of (or behind) the checkpoint after a kill
+        if best is not None:
+            save_state(out / MODEL_BEST, best, "model")
+        save_state(out / MODEL_LAST, exp.model_state(start, history[-1]["accuracy"] if history else None), "model")
     elif metrics_path.exists():
         metrics_path.unlink()
 
@@ -323,7 +364,15 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     prior_time = sum(h.get("wall_time_s", 0.0) for h in history)
     for rnd in range(start + 1, rounds + 1):
         record = exp.run_round(rnd)
-        _atomic_write(out / CHECKPOINT, pickle.dumps(exp.checkpoint_state(rnd)))
+        privacy = accountant.record(record["trained"])
+        if privacy is not None:
+            record["privacy"] = privacy
+        model = exp.model_state(rnd, record["accuracy"])
+        if best is None or record["accuracy"] > best["accuracy"]:
+            best = model
+            save_state(out / MODEL_BEST, best, "model")
+        save_state(out / CHECKPOINT, {**exp.checkpoint_state(rnd), "best": best}, "checkpoint")
+        save_state(out / MODEL_LAST, model, "model")
         with metrics_path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
         history.append(record)
@@ -337,6 +386,8 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     summary["num_params"] = exp.spec.size
     if exp.dataset.info.get("subset"):  # data.train_subset / data.test_subset: not the whole data set
         summary["data_subset"] = exp.dataset.info["subset"]
+    summary["privacy"] = accountant.summary()
+    summary["models_kept"] = {"last": MODEL_LAST, "best": MODEL_BEST}
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2).encode())
     from neurofed.plots import plot_accuracy, write_class_coverage
 
