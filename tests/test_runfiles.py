@@ -263,6 +263,16 @@ def test_configs_that_would_run_something_else_are_refused(tmp_path):
         "algorithm: got 'fedprox'; expected a mapping of keys (an empty section runs its defaults: remove it instead)"]
 
 
+def test_a_sweep_file_with_a_key_given_twice_is_refused(tmp_path):
+    from neurofed.sweep.grid import load_sweep
+
+    base = Path(__file__).resolve().parents[1] / "examples" / "digits_fedavg.yaml"
+    sweep = tmp_path / "dup.yaml"
+    sweep.write_text(f"name: dup\nbase: {base}\ngrid:\n  federation.lr: [0.1]\n  federation.lr: [0.2]\n")
+    with pytest.raises(ConfigError, match=r"key 'federation\.lr' given twice \(line 5\)"):
+        load_sweep(sweep)
+
+
 def test_clipping_without_noise_is_refused():
     with pytest.raises(ConfigError, match=r"^federation\.ldp_clip: got 1\.0; clipping applies only with "
                                           r"federation\.ldp_laplace > 0"):

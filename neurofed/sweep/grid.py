@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from neurofed.config import ConfigError, deep_merge, load_config
+from neurofed.config import ConfigError, deep_merge, load_config, yaml_load
 
 SWEEP_KEYS = ("name", "description", "base", "set", "grid", "zip", "seeds", "target_accuracy", "plots")
 PLOT_KINDS = ("bars", "curves", "rounds")
@@ -173,7 +173,7 @@ def load_sweep(path: str | Path) -> Sweep:
     if not path.is_file():
         raise ConfigError(f"sweep file {str(path)!r} not found")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml_load(path.read_text()) or {}  # a key given twice is refused, not silently dropped
     except yaml.YAMLError as exc:
         raise ConfigError(f"sweep file {str(path)!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(raw, dict):
@@ -260,7 +260,7 @@ def load_sweep(path: str | Path) -> Sweep:
         raise ConfigError("\n".join(f"{path.name}: {p}" for p in problems))
 
     if seeds is None:
-        seeds = [int((yaml.safe_load(base_path.read_text()) or {}).get("seed", 0))]
+        seeds = [int((yaml_load(base_path.read_text()) or {}).get("seed", 0))]
     sweep = Sweep(name=name, source=str(path), base=_display_path(base_path), fixed=fixed, dims=dims,
                   seeds=list(seeds), target_accuracy=target, description=str(description).strip())
     short = _short_names(sweep.varied)
