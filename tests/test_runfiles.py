@@ -219,7 +219,7 @@ def test_the_model_of_the_round_asked_for_is_the_one_evaluated(run_dir):
     import torch
 
     for sel in ("best", "last"):
-        rm = load_global_model(run_dir, round=sel)
+        rm = load_global_model(run_dir, model_round=sel)
         kept = load_state(run_dir / (MODEL_BEST if sel == "best" else MODEL_LAST), "model")
         ev = evaluate(rm.model, torch.as_tensor(np.asarray(rm.dataset.x_test, dtype=np.float32)),
                       torch.as_tensor(rm.dataset.y_test), rm.cfg, seed_for(rm.cfg["seed"], "eval"))

@@ -15,14 +15,14 @@ def round_arg(p) -> None:
 def cmd_export(args) -> int:
     from neurofed.deploy.export import export_run
 
-    export_run(args.run_dir, profile=args.profile, round=args.round)
+    export_run(args.run_dir, profile=args.profile, model_round=args.round)
     return 0
 
 
 def cmd_lava(args) -> int:
     from neurofed.deploy.lava_run import run_lava
 
-    run_lava(args.run_dir, samples=args.samples, backend=args.backend, quiet=args.quiet, round=args.round)
+    run_lava(args.run_dir, samples=args.samples, backend=args.backend, quiet=args.quiet, model_round=args.round)
     return 0
 
 

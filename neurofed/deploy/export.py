@@ -40,23 +40,23 @@ class RunModel(NamedTuple):
 ROUNDS_KEPT = "best and last"
 
 
-def model_file(run_dir: str | Path, round: str | int = "last") -> Path:
-    """The kept global-model file of ``run_dir`` for ``round``: ``best``, ``last``, or a
+def model_file(run_dir: str | Path, model_round: str | int = "last") -> Path:
+    """The kept global-model file of ``run_dir`` for ``model_round``: ``best``, ``last``, or a
     round number that is one of those two (a run keeps the best and the last round)."""
     from neurofed.runfiles import LEGACY_CHECKPOINT, MODEL_BEST, MODEL_LAST, legacy_checkpoint_error, load_state
 
     run_dir = Path(run_dir)
-    if round in ("best", "last"):
-        path = run_dir / (MODEL_BEST if round == "best" else MODEL_LAST)
+    if model_round in ("best", "last"):
+        path = run_dir / (MODEL_BEST if model_round == "best" else MODEL_LAST)
         if not path.is_file():
             if (run_dir / LEGACY_CHECKPOINT).is_file():
                 raise legacy_checkpoint_error(run_dir)
             raise DeployError(f"{run_dir}: no {path.name}; expected the directory of a finished `neurofed run`")
         return path
     try:
-        wanted = int(round)
+        wanted = int(model_round)
     except (TypeError, ValueError):
-        raise DeployError(f"--round: got {round!r}; expected best, last or a round number") from None
+        raise DeployError(f"--round: got {model_round!r}; expected best, last or a round number") from None
     kept = {}
     for name in ("last", "best"):
         path = model_file(run_dir, name)
@@ -67,7 +67,7 @@ def model_file(run_dir: str | Path, round: str | int = "last") -> Path:
     return kept[wanted]
 
 
-def load_global_model(run_dir: str | Path, dataset=None, round: str | int = "last") -> RunModel:
+def load_global_model(run_dir: str | Path, dataset=None, model_round: str | int = "last") -> RunModel:
     """Rebuild the global model of ``run_dir`` from ``config.yaml`` and the kept model
     file of ``round`` (:func:`model_file`: best, last or that round's number).
 
@@ -84,7 +84,7 @@ def load_global_model(run_dir: str | Path, dataset=None, round: str | int = "las
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
         raise DeployError(f"{run_dir}: no config.yaml; expected the directory of a finished `neurofed run`")
-    path = model_file(run_dir, round)
+    path = model_file(run_dir, model_round)
     cfg = resolve(yaml.safe_load(cfg_path.read_text()) or {})  # as the run wrote it, defaults filled
     state = load_state(path, "model")
     params = state.get("params") if isinstance(state, dict) else None
@@ -245,15 +245,15 @@ def read_net(path: str | Path, model=None) -> dict:
 
 
 def export_run(run_dir: str | Path, exp=None, profile=DEFAULT_PROFILE, quiet: bool = False,
-               round: str | int = "last") -> Path:
-    """Export the global model of ``run_dir`` (of ``round``: best, last or a kept
+               model_round: str | int = "last") -> Path:
+    """Export the global model of ``run_dir`` (of ``model_round``: best, last or a kept
     round's number) to ``run_dir/model.net``; the file records the round.
 
     ``exp`` (the runner's Experiment, after training: the last round) saves reloading
     the dataset. Prints the hardware check; writes it to ``run_dir/hardware.json``.
     """
     run_dir = Path(run_dir)
-    if exp is not None and round == "last":
+    if exp is not None and model_round == "last":
         from neurofed.fl.params import ParamSpec
 
         model = exp.new_model()
@@ -262,7 +262,7 @@ def export_run(run_dir: str | Path, exp=None, profile=DEFAULT_PROFILE, quiet: bo
         cfg = exp.cfg
         rnd = cfg["federation"]["rounds"]
     else:
-        model, cfg, ds, rnd = load_global_model(run_dir, None if exp is None else exp.dataset, round)
+        model, cfg, ds, rnd = load_global_model(run_dir, None if exp is None else exp.dataset, model_round)
     if cfg["model"].get("kind", "snn") != "snn":
         raise DeployError(f"model.kind is {cfg['model']['kind']!r}: only spiking models export to netx")
     data = cfg["data"]

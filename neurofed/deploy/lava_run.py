@@ -284,8 +284,8 @@ def compare(lava_stats: SpikeStats, torch_stats: SpikeStats, labels: np.ndarray)
 
 
 def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt", progress: bool = True,
-             quiet: bool = False, round: str | int = "last") -> dict:
-    """Run ``samples`` test samples of ``run_dir``'s global model of ``round`` (best,
+             quiet: bool = False, model_round: str | int = "last") -> dict:
+    """Run ``samples`` test samples of ``run_dir``'s global model of ``model_round`` (best,
     last or a kept round's number) on Lava; write ``lava.json``.
 
     Exports ``model.net`` first when the run has none, or one of another round.
@@ -295,11 +295,11 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     if not isinstance(samples, int) or samples < 1:
         raise DeployError(f"--samples: got {samples!r}; expected a positive integer")
     run_config(backend)  # fail before any work when the backend is unavailable
-    model, cfg, ds, rnd = load_global_model(run_dir, round=round)
+    model, cfg, ds, rnd = load_global_model(run_dir, model_round=model_round)
     check_encoding(cfg["data"])
     net_path = run_dir / NET_FILE
     if not net_path.exists() or read_net(net_path).get("round") != rnd:
-        export_run(run_dir, quiet=quiet, round=rnd)
+        export_run(run_dir, quiet=quiet, model_round=rnd)
     read_net(net_path, model)
 
     n = min(samples, len(ds.y_test))

@@ -28,7 +28,7 @@ def cmd_energy(args) -> int:
     if args.samples is not None and args.samples < 1:
         raise ValueError(f"--samples: got {args.samples}; expected >= 1")
     result = energy_for_run(args.run_dir, profiles=args.profiles, spikes=args.spikes, samples=args.samples,
-                            convention=args.convention, round=args.round)
+                            convention=args.convention, model_round=args.round)
     print(format_summary(result))
     run = Path(args.run_dir)
     print(f"-> {run / 'energy.json'}, {run / 'plots' / 'energy_layers.png'}")

@@ -55,8 +55,8 @@ class LoadedRun:
     round: int | None = None  # the round whose global model this is
 
 
-def load_run(run_dir: str | Path, exp=None, round: str | int = "last") -> LoadedRun:
-    """Load RUN_DIR's config and the global parameters of ``round`` (best, last or a
+def load_run(run_dir: str | Path, exp=None, model_round: str | int = "last") -> LoadedRun:
+    """Load RUN_DIR's config and the global parameters of ``model_round`` (best, last or a
     kept round's number; ``load_global_model``).
 
     With ``exp`` (the runner's Experiment, right after training) nothing is re-read.
@@ -64,12 +64,12 @@ def load_run(run_dir: str | Path, exp=None, round: str | int = "last") -> Loaded
     run_dir = Path(run_dir)
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    if exp is not None and round == "last":
+    if exp is not None and model_round == "last":
         return LoadedRun(run_dir, exp.cfg, exp.eval_model, exp.x_test, exp.y_test, summary,
                          exp.cfg["federation"]["rounds"])
     from neurofed.deploy.export import load_global_model
 
-    rm = load_global_model(run_dir, round=round)
+    rm = load_global_model(run_dir, model_round=model_round)
     from neurofed.data.encoding import as_tensor
 
     x = as_tensor(rm.dataset.x_test)  # as stored (uint8 pixels stay uint8; encoded per batch)
@@ -233,13 +233,13 @@ def _ann_only(layers, profiles: list[Profile]) -> dict:
 
 def energy_for_run(run_dir: str | Path, profiles=None, spikes: str = "torch", samples: int | None = None,
                    exp=None, write: bool = True, plots: bool = True, targets=None,
-                   convention: str | None = None, round: str | int = "last") -> dict:
+                   convention: str | None = None, model_round: str | int = "last") -> dict:
     """Count, price and (by default) write RUN_DIR/energy.json and its plots, for the
-    global model of ``round`` (best, last or a kept round's number).
+    global model of ``model_round`` (best, last or a kept round's number).
     ``convention``: ``exact`` | ``paper`` (default: the run's ``energy.convention``)."""
     if spikes not in SPIKE_SOURCES:
         raise ValueError(f"--spikes: got {spikes!r}; allowed: {', '.join(SPIKE_SOURCES)}")
-    run = load_run(run_dir, exp=exp, round=round)
+    run = load_run(run_dir, exp=exp, model_round=model_round)
     refs = profiles or run.cfg.get("energy", {}).get("profiles") or DEFAULT_PROFILES
     profs = load_profiles(refs)
     model = run.model
