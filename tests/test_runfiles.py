@@ -212,6 +212,21 @@ def test_best_and_last_round_are_kept(run_dir, capsys):
                                  f"rounds {', '.join(map(str, sorted({best_round, 3})))} (best and last)"]
 
 
+def test_lava_and_energy_take_the_round(run_dir, capsys):
+    import h5py
+
+    best = json.loads((run_dir / "summary.json").read_text())["best_round"]
+    assert cli(capsys, "lava", run_dir, "--samples", 2, "--quiet", "--round", "best")[0] == 0
+    assert json.loads((run_dir / "lava.json").read_text())["round"] == best
+    with h5py.File(run_dir / "model.net") as h:  # exported for that round
+        assert json.loads(h.attrs["round"]) == best
+    assert cli(capsys, "energy", run_dir, "--round", "best", "--samples", 4)[0] == 0
+    assert json.loads((run_dir / "energy.json").read_text())["run"]["round"] == best
+    if best != 3:  # lava.json of another round is not priced as this one
+        code, err = cli(capsys, "energy", run_dir, "--round", "last", "--spikes", "lava")
+        assert code == 2 and len(err) == 1 and f"is of round {best}, not 3" in err[0]
+
+
 def test_the_model_of_the_round_asked_for_is_the_one_evaluated(run_dir):
     from neurofed.deploy.export import load_global_model
     from neurofed.fl.seeds import seed_for
