@@ -23,8 +23,6 @@ checksums mean the same spikes at the same neurons and steps.
 
 from __future__ import annotations
 
-import builtins
-
 import json
 import platform
 import tempfile
@@ -328,8 +326,8 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
         "layer_spikes_file": SPIKES_FILE,
         "neuron_spikes_file": NEURON_SPIKES_FILE,
         "predictions": lava_stats.predictions.tolist(),
-        **{k: (builtins.round(v, 4) if isinstance(v, float) else v) for k, v in timing.items()},  # `round` is the model round here
-        "torch_s": builtins.round(torch_s, 4),
+        **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in timing.items()},
+        "torch_s": round(torch_s, 4),
         **notes,
         "machine": f"{platform.machine()}, {_cpus()} CPU(s), Python {platform.python_version()}",
     }
