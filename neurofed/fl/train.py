@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from neurofed.data.encoding import encode_for
+from neurofed.device import model_device
 
 
 def make_optimizer(parameters, fed_cfg: dict) -> torch.optim.Optimizer:
@@ -40,13 +41,17 @@ def train_local(model, x: torch.Tensor, y: torch.Tensor, cfg: dict, hooks, seed:
     fed, data_cfg = cfg["federation"], cfg["data"]
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout uses the global stream
+    device = model_device(model)
     model.train()
     opt = hooks.make_optimizer(model, fed)
-    total, steps, seen = 0.0, 0, 0
+    # float64 on the model's device: the same sums as Python floats, without a sync per step
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    steps, seen = 0, 0
     for _ in range(fed["local_epochs"]):
         for idx in batches(len(y), fed["batch_size"], gen):
-            xb = encode_for(model, x[idx], data_cfg, gen)
-            yb = y[idx]
+            # encoded on the CPU (same spikes on every device), then moved batch by batch
+            xb = encode_for(model, x[idx], data_cfg, gen).to(device)
+            yb = y[idx].to(device)
             out = model(xb)
             loss = hooks.loss(model, out, yb, xb)
             opt.zero_grad(set_to_none=True)
@@ -54,10 +59,10 @@ def train_local(model, x: torch.Tensor, y: torch.Tensor, cfg: dict, hooks, seed:
             hooks.before_step(model, opt)
             opt.step()
             hooks.after_step(model, opt)
-            total += float(loss.detach()) * len(idx)
+            total += loss.detach().double() * len(idx)
             seen += len(idx)
             steps += 1
-    return {"train_loss": total / max(seen, 1), "steps": steps}
+    return {"train_loss": float(total) / max(seen, 1), "steps": steps}
 
 
 @torch.no_grad()
@@ -65,24 +70,26 @@ def forward_dataset(model, x: torch.Tensor, data_cfg: dict, seed: int, batch_siz
                     record: bool = True):
     """Run ``model`` over ``x`` without training; return logits and per-layer spike counts.
 
-    Returns ``(logits (N, K), layer_spikes (N, L) or None)``. Leaves parameters,
+    Returns ``(logits (N, K), layer_spikes (N, L) or None)``, on the CPU whatever the
+    model's device (batches go to the model's device one by one). Leaves parameters,
     optimizer and buffers as they were (eval mode is restored to the caller's mode).
     """
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)
+    device = model_device(model)
     model.record = record
     logits, spikes = [], []
     try:
         for idx in batches(len(x), batch_size):
-            out = model(encode_for(model, x[idx], data_cfg, gen))
+            out = model(encode_for(model, x[idx], data_cfg, gen).to(device))
             logits.append(model.readout(out))
             if record and model.layer_spikes:
                 spikes.append(torch.stack(model.layer_spikes, 1))
     finally:
         model.record = False
         model.train(was_training)
-    return torch.cat(logits), (torch.cat(spikes) if spikes else None)
+    return torch.cat(logits).cpu(), (torch.cat(spikes).cpu() if spikes else None)
 
 
 def evaluate(model, x: torch.Tensor, y: torch.Tensor, cfg: dict, seed: int) -> dict:
