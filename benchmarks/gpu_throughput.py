@@ -1,0 +1,364 @@
+"""Training on a GPU: stock SLAYER vs neurofed's step, one FedAvg round, CPU/GPU spikes.
+
+Three measurements on ``--device`` (default ``cuda``):
+
+1. **Spikes, device vs CPU.** The same zoo network (same weights) and the same Poisson
+   input spikes run on the CPU and on the device (S-VGG9 with SLAYER's weight scale 4,
+   so that more than its first layers spike); per layer: how many spike values differ
+   and the largest difference of a layer's spike count per sample. On CUDA this
+   is done with PyTorch's default TF32 settings and again with TF32 off.
+2. **Training throughput.** Samples/s of one training step (forward, backward, Adam) of
+   the digits CNN (1x8x8, T=32) and S-VGG9 (3x32x32) at the papers' batch sizes:
+   *stock*: the model's SLAYER blocks driven by a plain loop, its input spikes encoded
+   beforehand and copied to the device per batch (a DataLoader's work);
+   *neurofed*: :func:`neurofed.fl.train.train_local` on a client shard of images
+   (Poisson encoding on the CPU per batch, the copy, the hooks). Both run the same
+   SLAYER blocks on the device, so their ratio is neurofed's overhead. The two
+   alternate, ``--repeat`` times; the medians are reported.
+3. **One FedAvg round** of a FedSNN CIFAR-10-like config (S-VGG9, 32x32x3, rate
+   coding, 100 clients, 10 per round, 5 local epochs, batch 32, SGD lr 0.1 momentum
+   0.95) on a CIFAR-shaped stand-in: random uint8 images generated in memory and
+   registered as a neurofed dataset (``cifar10_standin``), so the real runner
+   (:class:`neurofed.fl.runner.Experiment`) runs it. Time per round split into train /
+   aggregate / evaluate (round 1 includes CUDA's warm-up; round 2 does not), and the
+   parameter copy to and from the device per client.
+
+    python benchmarks/gpu_throughput.py --save                  # on a GPU machine
+    python benchmarks/gpu_throughput.py --device cpu --small    # smoke test anywhere
+
+Needs torch, numpy, pyyaml, tqdm and lava-dl (which imports matplotlib and h5py); not
+lava-nc, tonic, flwr or scikit-learn. SLAYER compiles its CUDA kernels at first use
+(ninja + nvcc; a minute or two, cached under ~/.cache/torch_extensions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for p in (ROOT, os.path.dirname(os.path.abspath(__file__))):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from common import Report, machine_header  # noqa: E402
+
+STANDIN = "cifar10_standin"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def tf32_state() -> str:
+    return (f"cudnn.allow_tf32={torch.backends.cudnn.allow_tf32} "
+            f"cuda.matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}")
+
+
+def set_tf32(on: bool) -> None:
+    torch.backends.cudnn.allow_tf32 = on
+    torch.backends.cuda.matmul.allow_tf32 = on
+
+
+# ----------------------------------------------------------------------------- configs
+def net_config(name: str, timesteps: int, width: float = 1.0) -> dict:
+    """A validated run config for the digits CNN or S-VGG9 (the run defaults otherwise)."""
+    from neurofed.config import load_config
+
+    model = "cnn" if name == "digits" else "svgg9"
+    data = "digits" if name == "digits" else STANDIN
+    return load_config(None, [("model.name", model), ("model.width", width), ("data.name", data),
+                              ("data.timesteps", timesteps), ("federation.logit_scale", 10.0),
+                              ("federation.lr", 0.003)])
+
+
+def input_shape(name: str) -> tuple[int, int, int]:
+    return (1, 8, 8) if name == "digits" else (3, 32, 32)
+
+
+def build(name: str, cfg: dict, seed: int = 0):
+    from neurofed.models import build_model
+
+    torch.manual_seed(seed)
+    return build_model(cfg["model"], input_shape(name), 10, cfg["federation"]["logit_scale"])
+
+
+def images(n: int, shape: tuple, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, *shape), generator=g, dtype=torch.uint8).float() / 255.0
+
+
+# ----------------------------------------------------------------------------- 1. spikes
+@torch.no_grad()
+def layer_spikes(model, x: torch.Tensor, data_cfg: dict, seed: int) -> list[torch.Tensor]:
+    """Every spiking layer's output (N, ..., T) on the CPU; input spikes drawn on the CPU."""
+    from neurofed.data.encoding import encode_for
+    from neurofed.device import model_device
+
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for i in range(0, len(x), 64):
+        y = encode_for(model, x[i:i + 64], data_cfg, gen).to(model_device(model))
+        outs = []
+        for layer, block in zip(model.layers, model.blocks):
+            y = block(y)
+            if layer.has_neurons:
+                outs.append(y.cpu())
+        batches.append(outs)
+    return [torch.cat(layer) for layer in zip(*batches)]
+
+
+def compare_spikes(name: str, device: torch.device, timesteps: int, n: int, rep: Report, scale: float) -> dict:
+    cfg = net_config(name, timesteps)
+    # SLAYER's weight_scale: at 1, most of S-VGG9 is silent at initialization, which
+    # would make the comparison trivial (as in train_throughput's svgg9-live)
+    cfg["model"]["weight_scale"] = scale
+    cpu = build(name, cfg)
+    dev = build(name, cfg, seed=1)
+    dev.load_state_dict(cpu.state_dict())
+    dev.to(device)
+    x = images(n, input_shape(name), seed=7)
+    ref = layer_spikes(cpu, x, cfg["data"], seed=3)
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    out = {}
+    for label, tf32 in [("default", None)] + ([("tf32-off", False)] if device.type == "cuda" else []):
+        if tf32 is not None:
+            set_tf32(tf32)
+        try:
+            got = layer_spikes(dev, x, cfg["data"], seed=3)
+            note = f", {tf32_state()}" if device.type == "cuda" else ""
+        finally:
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+        rows = []
+        for j, (a, b) in enumerate(zip(ref, got)):
+            counts = (a.flatten(1).sum(1) - b.flatten(1).sum(1)).abs()
+            rows.append({"layer": j, "values": a.numel(), "spikes_cpu": int(a.sum()), "spikes_dev": int(b.sum()),
+                         "differ": int((a != b).sum()), "max_count_diff": int(counts.max())})
+        total = sum(r["differ"] for r in rows)
+        out[label] = {"layers": rows, "differing_values": total, "identical": total == 0}
+        rep.emit(f"  {name} ({label}{note}): {'IDENTICAL' if total == 0 else f'{total} spike values differ'} "
+                 f"over {n} samples, T={timesteps}, weights x{scale:g}")
+        for r in rows:
+            rep.emit(f"    layer {r['layer']}: {r['spikes_cpu']} spikes on cpu, {r['spikes_dev']} on {device}; "
+                     f"{r['differ']} of {r['values']} values differ; max |count diff| per sample {r['max_count_diff']}")
+    return out
+
+
+# ----------------------------------------------------------------------------- 2. throughput
+def stock_steps(model, batches, device, lr: float, logit_scale: float) -> float:
+    """Seconds for a plain SLAYER training loop over ``batches`` (CPU spike tensors)."""
+    blocks = list(model.blocks)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    sync(device)
+    t0 = time.perf_counter()
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        for b in blocks:
+            x = b(x)
+        loss = F.cross_entropy(x.mean(-1) * logit_scale, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def neurofed_steps(model, x, y, cfg, device) -> float:
+    """Seconds for :func:`train_local` over the shard (x, y), one epoch."""
+    from neurofed.algorithms.base import Client
+    from neurofed.fl.params import ParamSpec
+    from neurofed.fl.train import train_local
+
+    hooks = Client(cfg, ParamSpec.from_model(model), lambda: model)
+    sync(device)
+    t0 = time.perf_counter()
+    train_local(model, x, y, cfg, hooks, seed=11)
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def throughput(name: str, batch: int, timesteps: int, steps: int, repeat: int, device, rep: Report,
+               width: float) -> dict:
+    from neurofed.data.encoding import encode_for
+
+    cfg = net_config(name, timesteps, width)
+    cfg["federation"].update(batch_size=batch, local_epochs=1)
+    n = batch * steps
+    x = images(n, input_shape(name), seed=5)
+    y = torch.randint(0, 10, (n,), generator=torch.Generator().manual_seed(6))
+    stock_model = build(name, cfg).to(device)
+    nf_model = build(name, cfg).to(device)
+    gen = torch.Generator().manual_seed(9)
+    t0 = time.perf_counter()
+    encoded = [(encode_for(stock_model, x[i:i + batch], cfg["data"], gen), y[i:i + batch]) for i in range(0, n, batch)]
+    encode_s = (time.perf_counter() - t0) / len(encoded)
+    scale = cfg["federation"]["logit_scale"]
+    # warm-up: CUDA kernels compiled/loaded, cuDNN algorithms chosen, allocator primed
+    stock_steps(stock_model, encoded[:2], device, cfg["federation"]["lr"], scale)
+    neurofed_steps(nf_model, x[:2 * batch], y[:2 * batch], cfg, device)
+    stock, nf = [], []
+    for _ in range(repeat):
+        stock.append(stock_steps(stock_model, encoded, device, cfg["federation"]["lr"], scale))
+        nf.append(neurofed_steps(nf_model, x, y, cfg, device))
+    s, f = statistics.median(stock), statistics.median(nf)
+    row = {"net": name, "batch": batch, "timesteps": timesteps, "width": width, "steps": steps,
+           "stock_samples_s": n / s, "neurofed_samples_s": n / f, "overhead": f / s - 1.0,
+           "stock_runs_s": stock, "neurofed_runs_s": nf, "cpu_encode_ms_per_batch": 1e3 * encode_s}
+    rep.emit(f"  {name:7s} batch {batch:4d} T={timesteps:3d}: stock {n / s:9.1f} samples/s, neurofed "
+             f"{n / f:9.1f} samples/s, overhead {100 * (f / s - 1):+6.1f} % (medians of {repeat}; "
+             f"Poisson encoding on the CPU {1e3 * encode_s:.2f} ms/batch)")
+    return row
+
+
+# ----------------------------------------------------------------------------- 3. one round
+def register_standin(n_train: int, n_test: int) -> None:
+    """CIFAR-10-shaped random uint8 images (N, 3, 32, 32) -> [0, 1], 10 balanced labels."""
+    from neurofed.data import register_dataset
+    from neurofed.data.base import Dataset
+
+    @register_dataset(STANDIN)
+    def load(data_cfg: dict, seed: int = 0) -> Dataset:
+        rng = np.random.default_rng(2024)
+        def part(n):
+            x = rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8).astype(np.float32) / 255.0
+            return x, np.arange(n) % 10
+        x_tr, y_tr = part(n_train)
+        x_te, y_te = part(n_test)
+        return Dataset(STANDIN, x_tr, y_tr, x_te, y_te, num_classes=10, kind="image",
+                       info={"note": "random stand-in for CIFAR-10"})
+
+
+def fedavg_round(args, device: torch.device, rep: Report) -> dict:
+    from neurofed.config import load_config
+    from neurofed.fl.runner import Experiment
+
+    if args.small:
+        sizes = dict(clients=4, per_round=2, epochs=1, width=0.25)
+    else:
+        sizes = dict(clients=100, per_round=10, epochs=5, width=1.0)
+    cfg = load_config(None, [
+        ("data.name", STANDIN), ("data.encoding", "rate"), ("data.timesteps", args.timesteps),
+        ("model.name", "svgg9"), ("model.width", sizes["width"]),
+        ("partition.scheme", "iid"), ("partition.num_clients", sizes["clients"]),
+        ("federation.clients_per_round", sizes["per_round"]), ("federation.local_epochs", sizes["epochs"]),
+        ("federation.batch_size", 32), ("federation.optimizer", "sgd"), ("federation.lr", 0.1),
+        ("federation.momentum", 0.95), ("federation.logit_scale", 10.0), ("federation.device", str(device)),
+        ("export", False), ("energy.enabled", False),
+    ])
+    t0 = time.perf_counter()
+    exp = Experiment(cfg)
+    setup = time.perf_counter() - t0
+    rep.emit(f"  config: S-VGG9 width {sizes['width']}, T={args.timesteps}, {len(exp.y_train)} train / "
+             f"{len(exp.y_test)} test images, {sizes['clients']} clients, {sizes['per_round']} per round, "
+             f"{sizes['epochs']} local epochs, batch 32, SGD lr 0.1 momentum 0.95; {exp.spec.size} parameters; "
+             f"set-up {setup:.1f} s")
+    rounds = []
+    for rnd in (1, 2):
+        rec = exp.run_round(rnd)
+        wall = rec["wall_time_s"]
+        row = {k: rec[k] for k in ("wall_time_s", "time_train_s", "time_aggregate_s", "time_eval_s", "accuracy")}
+        row["samples_trained"] = int(sum(len(exp.parts[c]) for c in rec["trained"])) * sizes["epochs"]
+        rounds.append(row)
+        rep.emit(f"  round {rnd}: {wall:8.2f} s = train {rec['time_train_s']:8.2f} s "
+                 f"({100 * rec['time_train_s'] / wall:5.1f} %) + aggregate {1e3 * rec['time_aggregate_s']:7.1f} ms "
+                 f"({100 * rec['time_aggregate_s'] / wall:5.2f} %) + evaluate {rec['time_eval_s']:7.2f} s "
+                 f"({100 * rec['time_eval_s'] / wall:5.1f} %); {row['samples_trained'] / rec['time_train_s']:.1f} "
+                 f"training samples/s{' (includes warm-up)' if rnd == 1 else ''}")
+    # the parameter copy between the CPU messages and a device model, per client and round
+    model = exp.new_train_model()
+    flat = exp.server.params
+    reps = 20
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        exp.spec.set(model, flat)
+        exp.spec.get(model)
+    sync(device)
+    copy_s = (time.perf_counter() - t0) / reps
+    per_round = copy_s * sizes["per_round"]
+    rep.emit(f"  parameters to the device and back: {1e3 * copy_s:.2f} ms per client, {1e3 * per_round:.1f} ms "
+             f"per round ({100 * per_round / rounds[-1]['wall_time_s']:.3f} % of round 2)")
+    return {"config": sizes | {"timesteps": args.timesteps, "params": exp.spec.size}, "rounds": rounds,
+            "param_copy_s_per_client": copy_s}
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", help="auto | cpu | cuda | cuda:N (default cuda)")
+    ap.add_argument("--small", action="store_true", help="tiny sizes (a CPU smoke test)")
+    ap.add_argument("--timesteps", type=int, default=None,
+                    help="T of S-VGG9 and the round (default 25; --small: 4). FedSNN's text does not state T")
+    ap.add_argument("--batches", default=None, help="S-VGG9 batch sizes (default 32,64,128: FedSNN, FedLEC, SFedCA)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps per timed run (default 20; --small 2)")
+    ap.add_argument("--repeat", type=int, default=None, help="timed runs per path (default 5; --small 2)")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: spikes,throughput,round")
+    ap.add_argument("--save", action="store_true", help="write benchmarks/results/gpu/gpu_throughput_<device>.{txt,json}")
+    args = ap.parse_args(argv)
+    args.timesteps = args.timesteps or (4 if args.small else 25)
+    steps = args.steps or (2 if args.small else 20)
+    repeat = args.repeat or (2 if args.small else 5)
+    batches = [int(b) for b in (args.batches or ("2" if args.small else "32,64,128")).split(",")]
+    skip = set(filter(None, args.skip.split(",")))
+
+    from neurofed.config import ConfigError
+    from neurofed.device import describe_device, device_line, resolve_device
+
+    try:
+        device = resolve_device(args.device)
+    except ConfigError as exc:
+        print(f"gpu_throughput: error: {exc}", file=sys.stderr)
+        return 2
+    register_standin(*((200, 100) if args.small else (50_000, 10_000)))
+    if device.type == "cpu" and not args.small:
+        print("gpu_throughput: note: full sizes on the CPU take hours; add --small", file=sys.stderr)
+    info = describe_device(device)
+    rep = Report()
+    rep.emit(machine_header("gpu_throughput"))
+    rep.emit(f"# device: {device_line(info)}; {json.dumps(info)}")
+    if device.type == "cuda":
+        rep.emit(f"# cudnn {torch.backends.cudnn.version()}, {tf32_state()}, numpy {np.__version__}")
+    results: dict = {"device": info, "args": vars(args)}
+
+    if "spikes" not in skip:
+        rep.emit("\n## spikes: same weights and input spikes, cpu vs " + str(device))
+        results["spikes"] = {
+            "digits": compare_spikes("digits", device, 32, 16 if args.small else 256, rep, scale=1.0),
+            "svgg9": compare_spikes("svgg9", device, args.timesteps, 4 if args.small else 64, rep, scale=4.0),
+        }
+    if "throughput" not in skip:
+        rep.emit(f"\n## training throughput on {device} (forward + backward + Adam; stock SLAYER loop vs train_local)")
+        rows = [throughput("digits", 4 if args.small else 32, 8 if args.small else 32, steps, repeat, device, rep,
+                           1.0)]
+        for b in batches:
+            rows.append(throughput("svgg9", b, args.timesteps, steps, repeat, device, rep,
+                                   0.25 if args.small else 1.0))
+        results["throughput"] = rows
+    if "round" not in skip:
+        rep.emit(f"\n## one FedAvg round, FedSNN CIFAR-10-like, on {device} (random CIFAR-shaped stand-in)")
+        results["round"] = fedavg_round(args, device, rep)
+    if "throughput" in results:
+        worst = max(r["overhead"] for r in results["throughput"])
+        rep.emit(f"\nRESULT device={info['device']} name='{info['name']}' worst neurofed overhead "
+                 f"{100 * worst:+.1f} % (goal <= 5 %)")
+    if args.save:
+        tag = "cpu" if device.type == "cpu" else "cuda"
+        path = rep.save(f"gpu/gpu_throughput_{tag}")
+        with open(path[:-4] + ".json", "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=1)
+        print(f"saved {path[:-4]}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

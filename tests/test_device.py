@@ -1,0 +1,155 @@
+"""federation.device: validated, reported, CPU results unchanged, a missing GPU is a
+one-line error. Tests marked ``gpu`` run only where torch sees a CUDA GPU."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from neurofed.config import ConfigError, load_config
+from neurofed.device import describe_device, resolve_device
+
+HAS_GPU = torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("value", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])
+def test_device_values_accepted(value):
+    assert load_config(None, [f"federation.device={value}"])["federation"]["device"] == value
+
+
+@pytest.mark.parametrize("value", ["gpu", "CUDA", "cuda:", "cuda:-1", "cuda0", "0", "null", "mps"])
+def test_bad_device_is_one_line_naming_key_value_and_allowed(value):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"federation.device={value}"])
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1 and lines[0].startswith("federation.device: got ")
+    assert lines[0].endswith("allowed: auto, cpu, cuda, cuda:N")
+
+
+def test_default_is_auto_and_auto_means_the_gpu_if_any():
+    assert load_config(None, [])["federation"]["device"] == "auto"
+    assert resolve_device("auto").type == ("cuda" if HAS_GPU else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
+@pytest.mark.parametrize("value", ["cuda", "cuda:1"])
+def test_cuda_without_gpu_is_a_config_error(value):
+    with pytest.raises(ConfigError) as err:
+        resolve_device(value)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"federation.device: got {value!r}") and "use cpu or auto" in msg
+
+
+@pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
+def test_cli_cuda_without_gpu_exit_2_one_line_no_run_dir(tmp_path):
+    out = tmp_path / "run"
+    res = subprocess.run(
+        [sys.executable, "-m", "neurofed.cli", "run", "examples/digits_fedavg.yaml", "--out", str(out),
+         "--set", "federation.device=cuda"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode == 2
+    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("neurofed: error: federation.device: got 'cuda'; ")
+    assert not out.exists()  # stopped before any work
+
+
+@pytest.mark.gpu
+def test_cuda_index_out_of_range_is_a_config_error():
+    n = torch.cuda.device_count()
+    with pytest.raises(ConfigError, match=rf"has {n} CUDA device"):
+        resolve_device(f"cuda:{n}")
+    assert resolve_device(f"cuda:{n - 1}") == torch.device("cuda", n - 1)
+
+
+def _params(run_dir) -> np.ndarray:
+    return pickle.loads((run_dir / "checkpoint.pkl").read_bytes())["server"]["params"]
+
+
+def _metrics(run_dir) -> list[dict]:
+    timing = ("wall_time_s", "time_train_s", "time_aggregate_s", "time_eval_s")
+    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in timing} for r in rows]
+
+
+@pytest.mark.skipif(HAS_GPU, reason="without the key a GPU machine trains on the GPU")
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedmos"])
+def test_device_cpu_is_bit_identical_to_a_run_without_the_key(tiny_cfg, tmp_path, algorithm):
+    from neurofed.fl.runner import run
+
+    plain = tiny_cfg(**{"algorithm.name": algorithm})
+    del plain["federation"]["device"]
+    run(plain, tmp_path / "plain", progress=False, after=False)
+    summary = run(tiny_cfg(**{"algorithm.name": algorithm, "federation.device": "cpu"}), tmp_path / "cpu",
+                  progress=False, after=False)
+    assert np.array_equal(_params(tmp_path / "plain"), _params(tmp_path / "cpu"))
+    assert _metrics(tmp_path / "plain") == _metrics(tmp_path / "cpu")
+    assert summary["device"]["device"] == "cpu"
+
+
+def test_device_is_in_the_log_and_summary(tiny_cfg, tmp_path, capsys):
+    from neurofed.fl.runner import run
+
+    run(tiny_cfg(**{"federation.device": "cpu", "federation.rounds": 1}), tmp_path, after=False)
+    saved = json.loads((tmp_path / "summary.json").read_text())["device"]
+    assert saved["device"] == "cpu" and saved["torch"] == torch.__version__ and saved["name"]
+    assert f"neurofed: training on cpu ({saved['name']}" in capsys.readouterr().err
+
+
+def test_resume_may_change_the_device(tiny_cfg, tmp_path):
+    from neurofed.fl.runner import config_differences
+
+    assert config_differences(tiny_cfg(**{"federation.device": "cuda"}), tiny_cfg(**{"federation.device": "cpu"})) == []
+
+
+# ---------------------------------------------------------------- on a CUDA GPU
+
+
+@pytest.mark.gpu
+def test_cuda_run_trains_on_the_gpu_and_keeps_files_on_the_cpu(tiny_cfg, tmp_path):
+    from neurofed.fl.runner import Experiment, run
+
+    cfg = tiny_cfg(**{"federation.device": "cuda", "model.name": "cnn", "algorithm.name": "scaffold"})
+    summary = run(cfg, tmp_path / "run", progress=False, after=False)
+    assert summary["device"]["device"].startswith("cuda") and summary["device"]["name"]
+    state = pickle.loads((tmp_path / "run" / "checkpoint.pkl").read_bytes())
+    assert isinstance(state["server"]["params"], np.ndarray) and np.all(np.isfinite(state["server"]["params"]))
+    assert all(isinstance(s["c_i"], np.ndarray) for s in state["clients"].values())
+    exp = Experiment(cfg)
+    assert all(p.is_cuda for p in exp.new_train_model().parameters())
+    assert all(not p.is_cuda for p in exp.eval_model.parameters())
+    assert 0.0 <= summary["final_accuracy"] <= 1.0
+
+
+@pytest.mark.gpu
+def test_cuda_and_cpu_forward_give_the_same_spikes(tiny_cfg):
+    """Same weights, same input spikes: SLAYER's fixed-point neurons on both devices.
+    8-bit weights and binary inputs make the synaptic sums exact in float32."""
+    from neurofed.data import load_dataset
+    from neurofed.fl.train import forward_dataset
+    from neurofed.models import build_run_model
+
+    cfg = tiny_cfg(**{"model.name": "cnn", "data.timesteps": 8})
+    ds = load_dataset(cfg["data"], cfg["seed"])
+    torch.manual_seed(0)
+    cpu = build_run_model(cfg, ds)
+    gpu = build_run_model(cfg, ds)
+    gpu.load_state_dict(cpu.state_dict())
+    gpu.to("cuda")
+    x = torch.as_tensor(np.asarray(ds.x_test[:64], dtype=np.float32))
+    logits_c, spikes_c = forward_dataset(cpu, x, cfg["data"], seed=3)
+    logits_g, spikes_g = forward_dataset(gpu, x, cfg["data"], seed=3)
+    assert spikes_g.device.type == "cpu"
+    assert torch.equal(spikes_c, spikes_g) and torch.equal(logits_c, logits_g)
+
+
+def test_describe_cpu():
+    info = describe_device(torch.device("cpu"))
+    assert info["device"] == "cpu" and info["threads"] == torch.get_num_threads()
