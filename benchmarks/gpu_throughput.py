@@ -12,7 +12,8 @@ Three measurements on ``--device`` (default ``cuda``):
    *stock*: the model's SLAYER blocks driven by a plain loop, its input spikes encoded
    beforehand and copied to the device per batch (a DataLoader's work);
    *neurofed*: :func:`neurofed.fl.train.train_local` on a client shard of images
-   (Poisson encoding on the CPU per batch, the copy, the hooks). Both run the same
+   (Poisson encoding on the CPU per batch — on a GPU in a helper thread, up to two
+   batches ahead — the copy, the hooks). Both run the same
    SLAYER blocks on the device, so their ratio is neurofed's overhead. The two
    alternate, ``--repeat`` times; the medians are reported.
 3. **One FedAvg round** of a FedSNN CIFAR-10-like config (S-VGG9, 32x32x3, rate

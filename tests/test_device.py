@@ -154,3 +154,36 @@ def test_cuda_and_cpu_forward_give_the_same_spikes(tiny_cfg):
 def test_describe_cpu():
     info = describe_device(torch.device("cpu"))
     assert info["device"] == "cpu" and info["threads"] == torch.get_num_threads()
+
+
+def test_batches_ahead_are_the_same_batches_in_the_same_order(tiny_cfg):
+    """On a GPU the batches are encoded by a helper thread, ahead of training: the same
+    permutations and spikes as the CPU path draws inline."""
+    from neurofed.fl.train import ahead, encoded_batches
+    from neurofed.models import build_model
+
+    cfg = tiny_cfg()
+    model = build_model(cfg["model"], (1, 8, 8), 10)
+    x, y = torch.rand(50, 1, 8, 8), torch.arange(50) % 10
+
+    def draw():
+        return encoded_batches(model, x, y, cfg["data"], 16, torch.Generator().manual_seed(5), epochs=2)
+
+    inline, threaded = list(draw()), list(ahead(draw()))
+    assert len(inline) == len(threaded) == 8
+    for (i0, x0, y0), (i1, x1, y1) in zip(inline, threaded):
+        assert torch.equal(i0, i1) and torch.equal(x0, x1) and torch.equal(y0, y1)
+
+
+def test_ahead_raises_the_producers_error_and_stops_when_left():
+    from neurofed.fl.train import ahead
+
+    def failing():
+        yield 1
+        raise RuntimeError("bad batch")
+
+    with pytest.raises(RuntimeError, match="bad batch"):
+        list(ahead(failing()))
+    it = ahead(iter(range(10**9)))
+    assert next(it) == 0
+    it.close()  # the helper thread is stopped and joined, not left filling a queue

@@ -7,6 +7,9 @@ Algorithms never copy this loop; their client half plugs into it through hooks
 
 from __future__ import annotations
 
+import queue
+import threading
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -32,6 +35,74 @@ def batches(n: int, batch_size: int, generator: torch.Generator | None = None):
         yield order[i:i + batch_size]
 
 
+def encoded_batches(model, x: torch.Tensor, y: torch.Tensor | None, data_cfg: dict, batch_size: int,
+                    gen: torch.Generator, epochs: int = 1, shuffle: bool = True, device=None):
+    """``(idx, encoded x[idx] on device, y[idx] on device)`` per batch, epoch after epoch.
+
+    Shuffling and encoding draw from ``gen`` on the CPU, in this order: one permutation
+    per epoch, then each batch's spikes; so every device sees the same input spikes.
+    """
+    for _ in range(epochs):
+        for idx in batches(len(x), batch_size, gen if shuffle else None):
+            xb = encode_for(model, x[idx], data_cfg, gen).to(device)
+            yield idx, xb, (None if y is None else y[idx].to(device))
+
+
+_END = object()
+
+
+class _Raised:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def ahead(items, depth: int = 2):
+    """Iterate ``items`` produced by a helper thread up to ``depth`` items ahead: on a GPU,
+    the next batches are encoded on the CPU and copied while the current one trains.
+    The producer is the only user of its random generator, so the draws are the same."""
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work():
+        try:
+            for item in items:
+                if not put(item):
+                    return
+        except BaseException as exc:  # handed to the consumer, raised there
+            put(_Raised(exc))
+            return
+        put(_END)
+
+    thread = threading.Thread(target=work, name="neurofed-batches", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, _Raised):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def device_batches(items, device: torch.device):
+    """``items`` as they are on the CPU (the reference order of work), ahead of the
+    consumer elsewhere."""
+    return items if device.type == "cpu" else ahead(items)
+
+
 def train_local(model, x: torch.Tensor, y: torch.Tensor, cfg: dict, hooks, seed: int) -> dict:
     """Train ``model`` in place on (x, y) for ``federation.local_epochs``.
 
@@ -47,21 +118,19 @@ def train_local(model, x: torch.Tensor, y: torch.Tensor, cfg: dict, hooks, seed:
     # float64 on the model's device: the same sums as Python floats, without a sync per step
     total = torch.zeros((), dtype=torch.float64, device=device)
     steps, seen = 0, 0
-    for _ in range(fed["local_epochs"]):
-        for idx in batches(len(y), fed["batch_size"], gen):
-            # encoded on the CPU (same spikes on every device), then moved batch by batch
-            xb = encode_for(model, x[idx], data_cfg, gen).to(device)
-            yb = y[idx].to(device)
-            out = model(xb)
-            loss = hooks.loss(model, out, yb, xb)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            hooks.before_step(model, opt)
-            opt.step()
-            hooks.after_step(model, opt)
-            total += loss.detach().double() * len(idx)
-            seen += len(idx)
-            steps += 1
+    # encoded on the CPU (same spikes on every device) and moved batch by batch
+    for idx, xb, yb in device_batches(encoded_batches(model, x, y, data_cfg, fed["batch_size"], gen,
+                                                      fed["local_epochs"], device=device), device):
+        out = model(xb)
+        loss = hooks.loss(model, out, yb, xb)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        hooks.before_step(model, opt)
+        opt.step()
+        hooks.after_step(model, opt)
+        total += loss.detach().double() * len(idx)
+        seen += len(idx)
+        steps += 1
     return {"train_loss": float(total) / max(seen, 1), "steps": steps}
 
 
@@ -81,8 +150,9 @@ def forward_dataset(model, x: torch.Tensor, data_cfg: dict, seed: int, batch_siz
     model.record = record
     logits, spikes = [], []
     try:
-        for idx in batches(len(x), batch_size):
-            out = model(encode_for(model, x[idx], data_cfg, gen).to(device))
+        for _, xb, _ in device_batches(encoded_batches(model, x, None, data_cfg, batch_size, gen, shuffle=False,
+                                                       device=device), device):
+            out = model(xb)
             logits.append(model.readout(out))
             if record and model.layer_spikes:
                 spikes.append(torch.stack(model.layer_spikes, 1))
