@@ -187,3 +187,21 @@ def test_ahead_raises_the_producers_error_and_stops_when_left():
     it = ahead(iter(range(10**9)))
     assert next(it) == 0
     it.close()  # the helper thread is stopped and joined, not left filling a queue
+
+
+@pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
+def test_gpu_benchmark_refuses_a_missing_gpu_in_one_line():
+    res = subprocess.run([sys.executable, "benchmarks/gpu_throughput.py", "--device", "cuda:0"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2
+    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("gpu_throughput: error: federation.device: got 'cuda:0'")
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_smoke_on_the_cpu():
+    res = subprocess.run([sys.executable, "benchmarks/gpu_throughput.py", "--device", "cpu", "--small"],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "digits (default): IDENTICAL" in res.stdout and "round 2:" in res.stdout
+    assert "RESULT device=cpu" in res.stdout
