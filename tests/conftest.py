@@ -21,6 +21,9 @@ def tiny_overrides(**extra) -> list[str]:
         "federation.rounds": 2,
         "federation.batch_size": 64,
         "export": False,
+        # the tests' exact equalities (resume, Flower vs in process) hold on the CPU;
+        # tests/test_device.py covers the other devices
+        "federation.device": "cpu",
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
