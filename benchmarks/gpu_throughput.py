@@ -26,6 +26,7 @@ Three measurements on ``--device`` (default ``cuda``):
    parameter copy to and from the device per client.
 
     python benchmarks/gpu_throughput.py --save                  # on a GPU machine
+    python benchmarks/gpu_throughput.py --skip round --save --out DIR   # parts; results in DIR
     python benchmarks/gpu_throughput.py --device cpu --small    # smoke test anywhere
 
 Needs torch, numpy, pyyaml, tqdm and lava-dl (which imports matplotlib and h5py); not
@@ -51,7 +52,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common import Report, machine_header  # noqa: E402
+from common import Report as _Report, machine_header  # noqa: E402
+
+
+class Report(_Report):
+    def text(self) -> str:
+        return self._buf.getvalue()
 
 STANDIN = "cifar10_standin"
 
@@ -309,7 +315,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="training steps per timed run (default 20; --small 2)")
     ap.add_argument("--repeat", type=int, default=None, help="timed runs per path (default 5; --small 2)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: spikes,throughput,round")
-    ap.add_argument("--save", action="store_true", help="write benchmarks/results/gpu/gpu_throughput_<device>.{txt,json}")
+    ap.add_argument("--save", action="store_true", help="write gpu_throughput_<device>[_<parts>].{txt,json} to --out")
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "gpu"),
+                    help="folder for --save (default benchmarks/results/gpu)")
     args = ap.parse_args(argv)
     args.timesteps = args.timesteps or (4 if args.small else 25)
     steps = args.steps or (2 if args.small else 20)
@@ -358,11 +366,14 @@ def main(argv=None) -> int:
         rep.emit(f"\nRESULT device={info['device']} name='{info['name']}' worst neurofed overhead "
                  f"{100 * worst:+.1f} % (goal <= 5 %)")
     if args.save:
-        tag = "cpu" if device.type == "cpu" else "cuda"
-        path = rep.save(f"gpu/gpu_throughput_{tag}")
-        with open(path[:-4] + ".json", "w", encoding="utf-8") as fh:
-            json.dump(results, fh, indent=1)
-        print(f"saved {path[:-4]}.json")
+        parts = [p for p in ("spikes", "throughput", "round") if p not in skip]
+        name = f"gpu_throughput_{device.type}" + ("" if len(parts) == 3 else "_" + "-".join(parts))
+        os.makedirs(args.out, exist_ok=True)
+        for ext, text in (("txt", rep.text()), ("json", json.dumps(results, indent=1))):
+            path = os.path.join(args.out, f"{name}.{ext}")
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            print(f"saved {path}")
     return 0
 
 
