@@ -68,13 +68,20 @@ def sync(device: torch.device) -> None:
 
 
 def tf32_state() -> str:
-    return (f"cudnn.allow_tf32={torch.backends.cudnn.allow_tf32} "
-            f"cuda.matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}")
+    try:
+        return (f"cudnn.allow_tf32={torch.backends.cudnn.allow_tf32} "
+                f"cuda.matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}")
+    except RuntimeError as exc:  # newer torch may refuse the legacy flags once the new API was used
+        return f"TF32 flags unreadable ({exc})"
 
 
-def set_tf32(on: bool) -> None:
-    torch.backends.cudnn.allow_tf32 = on
-    torch.backends.cuda.matmul.allow_tf32 = on
+def get_tf32() -> tuple[bool, bool]:
+    return torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+
+
+def set_tf32(conv: bool, matmul: bool) -> None:
+    torch.backends.cudnn.allow_tf32 = conv
+    torch.backends.cuda.matmul.allow_tf32 = matmul
 
 
 # ----------------------------------------------------------------------------- configs
@@ -137,16 +144,21 @@ def compare_spikes(name: str, device: torch.device, timesteps: int, n: int, rep:
     dev.to(device)
     x = images(n, input_shape(name), seed=7)
     ref = layer_spikes(cpu, x, cfg["data"], seed=3)
-    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    saved = get_tf32()
     out = {}
     for label, tf32 in [("default", None)] + ([("tf32-off", False)] if device.type == "cuda" else []):
-        if tf32 is not None:
-            set_tf32(tf32)
         try:
+            if tf32 is not None:
+                set_tf32(tf32, tf32)
             got = layer_spikes(dev, x, cfg["data"], seed=3)
             note = f", {tf32_state()}" if device.type == "cuda" else ""
+        except RuntimeError as exc:
+            if tf32 is None:
+                raise
+            rep.emit(f"  {name} ({label}): not run: {str(exc).splitlines()[0]}")
+            continue
         finally:
-            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+            set_tf32(*saved)
         rows = []
         for j, (a, b) in enumerate(zip(ref, got)):
             counts = (a.flatten(1).sum(1) - b.flatten(1).sum(1)).abs()
