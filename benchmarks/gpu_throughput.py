@@ -289,6 +289,8 @@ def fedavg_round(args, device: torch.device, rep: Report) -> dict:
     rounds = []
     for rnd in (1, 2):
         rec = exp.run_round(rnd)
+        if rec["failed"]:  # the runner drops clients that raise; a benchmark must not
+            raise RuntimeError(f"round {rnd}: {len(rec['failed'])} clients failed, e.g. {rec['failed'][0]['error']}")
         wall = rec["wall_time_s"]
         row = {k: rec[k] for k in ("wall_time_s", "time_train_s", "time_aggregate_s", "time_eval_s", "accuracy")}
         row["samples_trained"] = int(sum(len(exp.parts[c]) for c in rec["trained"])) * sizes["epochs"]
