@@ -246,16 +246,22 @@ def throughput(name: str, batch: int, timesteps: int, steps: int, repeat: int, d
 
 # ----------------------------------------------------------------------------- 3. one round
 def register_standin(n_train: int, n_test: int) -> None:
-    """CIFAR-10-shaped random uint8 images (N, 3, 32, 32) -> [0, 1], 10 balanced labels."""
-    from neurofed.data import register_dataset
+    """CIFAR-10-shaped random uint8 images (N, 3, 32, 32), 10 balanced labels: kept as
+    uint8 where neurofed's encoder scales uint8 pixels itself (as for CIFAR-10's files),
+    else as float32 in [0, 1]."""
+    from neurofed.data import encoding, register_dataset
     from neurofed.data.base import Dataset
+
+    keep_uint8 = hasattr(encoding, "pixels")
 
     @register_dataset(STANDIN)
     def load(data_cfg: dict, seed: int = 0) -> Dataset:
         rng = np.random.default_rng(2024)
+
         def part(n):
-            x = rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8).astype(np.float32) / 255.0
-            return x, np.arange(n) % 10
+            x = rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
+            return (x if keep_uint8 else x.astype(np.float32) / 255.0), np.arange(n) % 10
+
         x_tr, y_tr = part(n_train)
         x_te, y_te = part(n_test)
         return Dataset(STANDIN, x_tr, y_tr, x_te, y_te, num_classes=10, kind="image",
