@@ -18,7 +18,7 @@ Three measurements on ``--device`` (default ``cuda``):
    SLAYER blocks on the device, so their ratio is neurofed's overhead. The two
    alternate, ``--repeat`` times; the medians are reported.
 3. **One FedAvg round** of a FedSNN CIFAR-10-like config (S-VGG9, 32x32x3, rate
-   coding, 100 clients, 10 per round, 5 local epochs, batch 32, SGD lr 0.1 momentum
+   coding, T = ``--timesteps`` (default 25: FedSNN's text does not state T), 100 clients, 10 per round, 5 local epochs, batch 32, SGD lr 0.1 momentum
    0.95) on a CIFAR-shaped stand-in: random uint8 images generated in memory and
    registered as a neurofed dataset (``cifar10_standin``), so the real runner
    (:class:`neurofed.fl.runner.Experiment`) runs it. Time per round split into train /
@@ -58,6 +58,7 @@ from common import Report as _Report, machine_header  # noqa: E402
 class Report(_Report):
     def text(self) -> str:
         return self._buf.getvalue()
+
 
 STANDIN = "cifar10_standin"
 
