@@ -3,27 +3,31 @@
 Three measurements on ``--device`` (default ``cuda``):
 
 1. **Spikes, device vs CPU.** The same zoo network (same weights) and the same Poisson
-   input spikes run on the CPU and on the device (S-VGG9 with SLAYER's weight scale 4,
-   so that more than its first layers spike); per layer: how many spike values differ
-   and the largest difference of a layer's spike count per sample. On CUDA this
-   is done with PyTorch's default TF32 settings and again with TF32 off.
-2. **Training throughput.** Samples/s of one training step (forward, backward, Adam) of
-   the digits CNN (1x8x8, T=32) and S-VGG9 (3x32x32) at the papers' batch sizes:
+   input spikes run on the CPU and on the device: the digits example's CNN (8-bit
+   weights), the FedSNN preset's S-VGG9 (float weights) and that S-VGG9 with 8-bit
+   weights (both with SLAYER's weight scale 4, so that every layer spikes); per layer:
+   how many spike values differ and the largest difference of a layer's spike count
+   per sample. On CUDA this is done with PyTorch's default TF32 settings and again
+   with TF32 off.
+2. **Training throughput.** Samples/s of one training step (forward, backward, the
+   config's optimizer) of the digits CNN (``examples/digits_fedavg.yaml``: 1x8x8, T=32,
+   Adam, batch 32) and S-VGG9 (``examples/papers/fedsnn_cifar10_iid.yaml``: 3x32x32,
+   T=20, SGD + momentum) at the papers' batch sizes (32, 64, 128):
    *stock*: the model's SLAYER blocks driven by a plain loop, its input spikes encoded
    beforehand and copied to the device per batch (a DataLoader's work), and again with
    the batches already on the device (the compute alone);
    *neurofed*: :func:`neurofed.fl.train.train_local` on a client shard of images
    (Poisson encoding on the CPU per batch — on a GPU in a helper thread, up to two
-   batches ahead — the copy, the hooks). Both run the same
-   SLAYER blocks on the device, so their ratio is neurofed's overhead. The two
-   alternate, ``--repeat`` times; the medians are reported.
-3. **One FedAvg round** of a FedSNN CIFAR-10-like config (S-VGG9, 32x32x3, rate
-   coding, T = ``--timesteps`` (default 25: FedSNN's text does not state T), 100 clients, 10 per round, 5 local epochs, batch 32, SGD lr 0.1 momentum
-   0.95) on a CIFAR-shaped stand-in: random uint8 images generated in memory and
-   registered as a neurofed dataset (``cifar10_standin``), so the real runner
-   (:class:`neurofed.fl.runner.Experiment`) runs it. Time per round split into train /
-   aggregate / evaluate (round 1 includes CUDA's warm-up; round 2 does not), and the
-   parameter copy to and from the device per client.
+   batches ahead — the copy, the hooks). Both run the same SLAYER blocks on the
+   device, so their ratio is neurofed's overhead. The paths alternate, ``--repeat``
+   times; the medians are reported.
+3. **One FedAvg round** of the FedSNN CIFAR-10 preset (``fedsnn_cifar10_iid.yaml``:
+   S-VGG9, rate coding, T=20, 100 clients, 10 per round, 5 local epochs, batch 32, SGD
+   lr 0.1 momentum 0.95) on a CIFAR-shaped stand-in: random uint8 images generated in
+   memory and registered as a neurofed dataset (``cifar10_standin``), so the real
+   runner (:class:`neurofed.fl.runner.Experiment`) runs it. Time per round split into
+   train / aggregate / evaluate (round 1 includes CUDA's warm-up; round 2 does not),
+   and the parameter copy to and from the device per client.
 
     python benchmarks/gpu_throughput.py --save                  # on a GPU machine
     python benchmarks/gpu_throughput.py --skip round --save --out DIR   # parts; results in DIR
@@ -86,15 +90,23 @@ def set_tf32(conv: bool, matmul: bool) -> None:
 
 
 # ----------------------------------------------------------------------------- configs
-def net_config(name: str, timesteps: int, width: float = 1.0) -> dict:
-    """A validated run config for the digits CNN or S-VGG9 (the run defaults otherwise)."""
+DIGITS = os.path.join(ROOT, "examples", "digits_fedavg.yaml")
+FEDSNN = os.path.join(ROOT, "examples", "papers", "fedsnn_cifar10_iid.yaml")
+
+
+def net_config(name: str, timesteps: int | None = None, width: float = 1.0, extra: tuple = (), **model) -> dict:
+    """The validated run config of the digits example (``digits``) or of the FedSNN
+    CIFAR-10 preset on the stand-in (``svgg9``); ``extra`` (key, value) overrides and
+    ``model`` keys on top."""
     from neurofed.config import load_config
 
-    model = "cnn" if name == "digits" else "svgg9"
-    data = "digits" if name == "digits" else STANDIN
-    return load_config(None, [("model.name", model), ("model.width", width), ("data.name", data),
-                              ("data.timesteps", timesteps), ("federation.logit_scale", 10.0),
-                              ("federation.lr", 0.003)])
+    over = [("export", False), ("energy.enabled", False), ("lava.samples", 0), ("model.width", width)]
+    if name != "digits":
+        over.append(("data.name", STANDIN))
+    if timesteps:
+        over.append(("data.timesteps", timesteps))
+    over += [(f"model.{k}", v) for k, v in model.items()] + list(extra)
+    return load_config(DIGITS if name == "digits" else FEDSNN, over)
 
 
 def input_shape(name: str) -> tuple[int, int, int]:
@@ -134,8 +146,10 @@ def layer_spikes(model, x: torch.Tensor, data_cfg: dict, seed: int) -> list[torc
     return [torch.cat(layer) for layer in zip(*batches)]
 
 
-def compare_spikes(name: str, device: torch.device, timesteps: int, n: int, rep: Report, scale: float) -> dict:
-    cfg = net_config(name, timesteps)
+def compare_spikes(name: str, device: torch.device, timesteps: int | None, n: int, rep: Report, scale: float,
+                   label: str, **model) -> dict:
+    cfg = net_config(name, timesteps, **model)
+    timesteps = cfg["data"]["timesteps"]
     # SLAYER's weight_scale: at 1, most of S-VGG9 is silent at initialization, which
     # would make the comparison trivial (as in train_throughput's svgg9-live)
     cfg["model"]["weight_scale"] = scale
@@ -147,7 +161,7 @@ def compare_spikes(name: str, device: torch.device, timesteps: int, n: int, rep:
     ref = layer_spikes(cpu, x, cfg["data"], seed=3)
     saved = get_tf32()
     out = {}
-    for label, tf32 in [("default", None)] + ([("tf32-off", False)] if device.type == "cuda" else []):
+    for mode, tf32 in [("default", None)] + ([("tf32-off", False)] if device.type == "cuda" else []):
         try:
             if tf32 is not None:
                 set_tf32(tf32, tf32)
@@ -156,7 +170,7 @@ def compare_spikes(name: str, device: torch.device, timesteps: int, n: int, rep:
         except RuntimeError as exc:
             if tf32 is None:
                 raise
-            rep.emit(f"  {name} ({label}): not run: {str(exc).splitlines()[0]}")
+            rep.emit(f"  {label} ({mode}): not run: {str(exc).splitlines()[0]}")
             continue
         finally:
             set_tf32(*saved)
@@ -166,8 +180,9 @@ def compare_spikes(name: str, device: torch.device, timesteps: int, n: int, rep:
             rows.append({"layer": j, "values": a.numel(), "spikes_cpu": int(a.sum()), "spikes_dev": int(b.sum()),
                          "differ": int((a != b).sum()), "max_count_diff": int(counts.max())})
         total = sum(r["differ"] for r in rows)
-        out[label] = {"layers": rows, "differing_values": total, "identical": total == 0}
-        rep.emit(f"  {name} ({label}{note}): {'IDENTICAL' if total == 0 else f'{total} spike values differ'} "
+        out[mode] = {"layers": rows, "differing_values": total, "identical": total == 0, "timesteps": timesteps,
+                     "model": {k: cfg["model"][k] for k in ("name", "quantize", "delay_shift") if k in cfg["model"]}}
+        rep.emit(f"  {label} ({mode}{note}): {'IDENTICAL' if total == 0 else f'{total} spike values differ'} "
                  f"over {n} samples, T={timesteps}, weights x{scale:g}")
         for r in rows:
             rep.emit(f"    layer {r['layer']}: {r['spikes_cpu']} spikes on cpu, {r['spikes_dev']} on {device}; "
@@ -176,10 +191,14 @@ def compare_spikes(name: str, device: torch.device, timesteps: int, n: int, rep:
 
 
 # ----------------------------------------------------------------------------- 2. throughput
-def stock_steps(model, batches, device, lr: float, logit_scale: float) -> float:
-    """Seconds for a plain SLAYER training loop over ``batches`` (CPU spike tensors)."""
+def stock_steps(model, batches, device, fed_cfg: dict) -> float:
+    """Seconds for a plain SLAYER training loop over ``batches`` (spike tensors), with
+    the config's optimizer (Adam for digits, SGD + momentum for FedSNN)."""
+    from neurofed.fl.train import make_optimizer
+
     blocks = list(model.blocks)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    logit_scale = fed_cfg["logit_scale"]
+    opt = make_optimizer(model.parameters(), fed_cfg)
     sync(device)
     t0 = time.perf_counter()
     for x, y in batches:
@@ -208,12 +227,14 @@ def neurofed_steps(model, x, y, cfg, device) -> float:
     return time.perf_counter() - t0
 
 
-def throughput(name: str, batch: int, timesteps: int, steps: int, repeat: int, device, rep: Report,
+def throughput(name: str, batch: int, timesteps: int | None, steps: int, repeat: int, device, rep: Report,
                width: float) -> dict:
     from neurofed.data.encoding import encode_for
 
     cfg = net_config(name, timesteps, width)
     cfg["federation"].update(batch_size=batch, local_epochs=1)
+    timesteps = cfg["data"]["timesteps"]
+    fed = cfg["federation"]
     n = batch * steps
     x = images(n, input_shape(name), seed=5)
     y = torch.randint(0, 10, (n,), generator=torch.Generator().manual_seed(6))
@@ -223,18 +244,18 @@ def throughput(name: str, batch: int, timesteps: int, steps: int, repeat: int, d
     t0 = time.perf_counter()
     encoded = [(encode_for(stock_model, x[i:i + batch], cfg["data"], gen), y[i:i + batch]) for i in range(0, n, batch)]
     encode_s = (time.perf_counter() - t0) / len(encoded)
-    scale = cfg["federation"]["logit_scale"]
     # warm-up: CUDA kernels compiled/loaded, cuDNN algorithms chosen, allocator primed
-    stock_steps(stock_model, encoded[:2], device, cfg["federation"]["lr"], scale)
+    stock_steps(stock_model, encoded[:2], device, fed)
     neurofed_steps(nf_model, x[:2 * batch], y[:2 * batch], cfg, device)
     resident = [(xb.to(device), yb.to(device)) for xb, yb in encoded]  # the compute alone
     stock, stock_res, nf = [], [], []
     for _ in range(repeat):
-        stock.append(stock_steps(stock_model, encoded, device, cfg["federation"]["lr"], scale))
-        stock_res.append(stock_steps(stock_model, resident, device, cfg["federation"]["lr"], scale))
+        stock.append(stock_steps(stock_model, encoded, device, fed))
+        stock_res.append(stock_steps(stock_model, resident, device, fed))
         nf.append(neurofed_steps(nf_model, x, y, cfg, device))
     s, r, f = statistics.median(stock), statistics.median(stock_res), statistics.median(nf)
     row = {"net": name, "batch": batch, "timesteps": timesteps, "width": width, "steps": steps,
+           "optimizer": fed["optimizer"], "quantize": cfg["model"]["quantize"],
            "stock_samples_s": n / s, "stock_resident_samples_s": n / r, "neurofed_samples_s": n / f,
            "overhead": f / s - 1.0, "overhead_vs_resident": f / r - 1.0, "stock_runs_s": stock,
            "stock_resident_runs_s": stock_res, "neurofed_runs_s": nf, "cpu_encode_ms_per_batch": 1e3 * encode_s}
@@ -270,29 +291,24 @@ def register_standin(n_train: int, n_test: int) -> None:
 
 
 def fedavg_round(args, device: torch.device, rep: Report) -> dict:
-    from neurofed.config import load_config
+    """One FedAvg round (two: the first warms up) of the FedSNN CIFAR-10 preset on the stand-in."""
     from neurofed.fl.runner import Experiment
 
+    over = [("federation.device", str(device))]
     if args.small:
-        sizes = dict(clients=4, per_round=2, epochs=1, width=0.25)
-    else:
-        sizes = dict(clients=100, per_round=10, epochs=5, width=1.0)
-    cfg = load_config(None, [
-        ("data.name", STANDIN), ("data.encoding", "rate"), ("data.timesteps", args.timesteps),
-        ("model.name", "svgg9"), ("model.width", sizes["width"]),
-        ("partition.scheme", "iid"), ("partition.num_clients", sizes["clients"]),
-        ("federation.clients_per_round", sizes["per_round"]), ("federation.local_epochs", sizes["epochs"]),
-        ("federation.batch_size", 32), ("federation.optimizer", "sgd"), ("federation.lr", 0.1),
-        ("federation.momentum", 0.95), ("federation.logit_scale", 10.0), ("federation.device", str(device)),
-        ("export", False), ("energy.enabled", False),
-    ])
+        over += [("partition.num_clients", 4), ("federation.clients_per_round", 2), ("federation.local_epochs", 1)]
+    cfg = net_config("svgg9", args.timesteps, 0.25 if args.small else 1.0, extra=tuple(over))
+    fed, part = cfg["federation"], cfg["partition"]
+    sizes = dict(clients=part["num_clients"], per_round=fed["clients_per_round"], epochs=fed["local_epochs"],
+                 width=cfg["model"]["width"], timesteps=cfg["data"]["timesteps"])
     t0 = time.perf_counter()
     exp = Experiment(cfg)
     setup = time.perf_counter() - t0
-    rep.emit(f"  config: S-VGG9 width {sizes['width']}, T={args.timesteps}, {len(exp.y_train)} train / "
-             f"{len(exp.y_test)} test images, {sizes['clients']} clients, {sizes['per_round']} per round, "
-             f"{sizes['epochs']} local epochs, batch 32, SGD lr 0.1 momentum 0.95; {exp.spec.size} parameters; "
-             f"set-up {setup:.1f} s")
+    rep.emit(f"  config: {os.path.relpath(FEDSNN, ROOT)} on the stand-in: S-VGG9 width {sizes['width']}, "
+             f"T={sizes['timesteps']}, quantize {cfg['model']['quantize']}, {len(exp.y_train)} train / "
+             f"{len(exp.y_test)} test images ({exp.x_train.dtype}), {sizes['clients']} clients, {sizes['per_round']} "
+             f"per round, {sizes['epochs']} local epochs, batch {fed['batch_size']}, {fed['optimizer']} lr {fed['lr']} "
+             f"momentum {fed['momentum']}; {exp.spec.size} parameters; set-up {setup:.1f} s")
     rounds = []
     for rnd in (1, 2):
         rec = exp.run_round(rnd)
@@ -321,7 +337,7 @@ def fedavg_round(args, device: torch.device, rep: Report) -> dict:
     per_round = copy_s * sizes["per_round"]
     rep.emit(f"  parameters to the device and back: {1e3 * copy_s:.2f} ms per client, {1e3 * per_round:.1f} ms "
              f"per round ({100 * per_round / rounds[-1]['wall_time_s']:.3f} % of round 2)")
-    return {"config": sizes | {"timesteps": args.timesteps, "params": exp.spec.size}, "rounds": rounds,
+    return {"config": sizes | {"params": exp.spec.size, "preset": os.path.relpath(FEDSNN, ROOT)}, "rounds": rounds,
             "param_copy_s_per_client": copy_s}
 
 
@@ -331,7 +347,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", help="auto | cpu | cuda | cuda:N (default cuda)")
     ap.add_argument("--small", action="store_true", help="tiny sizes (a CPU smoke test)")
     ap.add_argument("--timesteps", type=int, default=None,
-                    help="T of S-VGG9 and the round (default 25; --small: 4). FedSNN's text does not state T")
+                    help="T of S-VGG9 and the round (default: the FedSNN preset's, 20; --small: 4)")
     ap.add_argument("--batches", default=None, help="S-VGG9 batch sizes (default 32,64,128: FedSNN, FedLEC, SFedCA)")
     ap.add_argument("--steps", type=int, default=None, help="training steps per timed run (default 20; --small 2)")
     ap.add_argument("--repeat", type=int, default=None, help="timed runs per path (default 5; --small 2)")
@@ -340,7 +356,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "gpu"),
                     help="folder for --save (default benchmarks/results/gpu)")
     args = ap.parse_args(argv)
-    args.timesteps = args.timesteps or (4 if args.small else 25)
+    args.timesteps = args.timesteps or (4 if args.small else None)
     steps = args.steps or (2 if args.small else 20)
     repeat = args.repeat or (2 if args.small else 5)
     batches = [int(b) for b in (args.batches or ("2" if args.small else "32,64,128")).split(",")]
@@ -367,13 +383,18 @@ def main(argv=None) -> int:
 
     if "spikes" not in skip:
         rep.emit("\n## spikes: same weights and input spikes, cpu vs " + str(device))
+        n = 4 if args.small else 64
         results["spikes"] = {
-            "digits": compare_spikes("digits", device, 32, 16 if args.small else 256, rep, scale=1.0),
-            "svgg9": compare_spikes("svgg9", device, args.timesteps, 4 if args.small else 64, rep, scale=4.0),
+            # the digits example: 8-bit weights (Loihi's), rate input, T = 32
+            "digits": compare_spikes("digits", device, None, 16 if args.small else 256, rep, 1.0, "digits cnn"),
+            # the FedSNN preset's S-VGG9 (float weights, no per-block delay), and with 8-bit weights
+            "svgg9": compare_spikes("svgg9", device, args.timesteps, n, rep, 4.0, "svgg9 (FedSNN preset)"),
+            "svgg9_q8": compare_spikes("svgg9", device, args.timesteps, n, rep, 4.0, "svgg9 8-bit", quantize=True),
         }
     if "throughput" not in skip:
-        rep.emit(f"\n## training throughput on {device} (forward + backward + Adam; stock SLAYER loop vs train_local)")
-        rows = [throughput("digits", 4 if args.small else 32, 8 if args.small else 32, steps, repeat, device, rep,
+        rep.emit(f"\n## training throughput on {device} (forward + backward + optimizer step; stock SLAYER loop vs "
+                 f"train_local; digits example and FedSNN preset configs)")
+        rows = [throughput("digits", 4 if args.small else 32, 8 if args.small else None, steps, repeat, device, rep,
                            1.0)]
         for b in batches:
             rows.append(throughput("svgg9", b, args.timesteps, steps, repeat, device, rep,

@@ -204,7 +204,7 @@ def test_gpu_benchmark_smoke_on_the_cpu():
     res = subprocess.run([sys.executable, "benchmarks/gpu_throughput.py", "--device", "cpu", "--small"],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "digits (default): IDENTICAL" in res.stdout and "round 2:" in res.stdout
+    assert "digits cnn (default): IDENTICAL" in res.stdout and "round 2:" in res.stdout
     assert "RESULT device=cpu" in res.stdout
 
 
