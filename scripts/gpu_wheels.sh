@@ -8,20 +8,21 @@
 # DIR/bench (~30 MB): benchmarks/gpu_throughput.py — lava-dl (SLAYER), which imports
 #   matplotlib and h5py; pyyaml (neurofed's config), tqdm (the runner); ninja (SLAYER
 #   compiles its CUDA kernels with torch's cpp_extension at first use); neurofed.
-# DIR/tests (~50 MB): tests/test_device.py on top — scikit-learn and scipy (the digits
-#   data set), pytest, pytest-timeout.
+# DIR/tests (~2 MB): pytest and pytest-timeout for the gpu-marked tests (they use random
+#   images, not the embedded digits, so no scikit-learn is needed for them).
 # On the GPU machine, from the repository root (torch and numpy stay as they are):
 #   python -m pip install --no-index --no-deps --ignore-requires-python DIR/bench/*.whl
 #   python benchmarks/gpu_throughput.py --save
 #   python -m pip install --no-index --no-deps DIR/tests/*.whl
-#   python -m pytest -q tests/test_device.py          # the gpu-marked tests run there
+#   python -m pytest -q -m gpu tests/test_device.py
 # (--ignore-requires-python: lava-dl declares Python <3.11, neurofed 3.11.) Running from
 # the repository root uses the source tree; the neurofed wheel is for elsewhere.
 # Binary wheels are CPython 3.12 manylinux x86_64 builds at versions built for numpy 2.
 # lava-dl's wheel is repacked without its tests and the trained YOLO weights of its
 # object-detection examples (67 of its 68 MB; neurofed uses neither), so that each
-# folder stays small enough to carry. lava-nc, tonic, flwr, librosa and tensorly are
-# not needed for the benchmark or tests/test_device.py.
+# folder stays small enough to carry (64 MiB). lava-nc, tonic, flwr, librosa, tensorly
+# and scikit-learn are not needed for the benchmark or the gpu-marked tests (the rest of
+# the suite needs them: not carried here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-dist/gpu-wheels}
@@ -31,7 +32,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 BIN=(--quiet --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312
      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 "$PY" -m pip download "${BIN[@]}" -d "$OUT/bench" "pyyaml>=6" "tqdm>=4.60" "h5py>=3.11" "matplotlib>=3.9" ninja
-"$PY" -m pip download "${BIN[@]}" -d "$OUT/tests" "scikit-learn>=1.5" "scipy>=1.13" "pytest>=8" pytest-timeout
+"$PY" -m pip download "${BIN[@]}" -d "$OUT/tests" "pytest>=8" pytest-timeout
 "$PY" -m pip download --quiet --no-deps --ignore-requires-python -d "$OUT/bench" "lava-dl==0.6.0"
 "$PY" -m pip wheel --quiet --no-deps -w "$OUT/bench" .
 "$PY" - "$OUT/bench" <<'EOF'

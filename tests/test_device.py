@@ -4,7 +4,6 @@ one-line error. Tests marked ``gpu`` run only where torch sees a CUDA GPU."""
 from __future__ import annotations
 
 import json
-import pickle
 import subprocess
 import sys
 
@@ -69,8 +68,14 @@ def test_cuda_index_out_of_range_is_a_config_error():
     assert resolve_device(f"cuda:{n - 1}") == torch.device("cuda", n - 1)
 
 
+def _checkpoint(run_dir) -> dict:
+    from neurofed.runfiles import CHECKPOINT, load_state
+
+    return load_state(run_dir / CHECKPOINT, "checkpoint")
+
+
 def _params(run_dir) -> np.ndarray:
-    return pickle.loads((run_dir / "checkpoint.pkl").read_bytes())["server"]["params"]
+    return _checkpoint(run_dir)["server"]["params"]
 
 
 def _metrics(run_dir) -> list[dict]:
@@ -111,17 +116,35 @@ def test_resume_may_change_the_device(tiny_cfg, tmp_path):
 
 
 # ---------------------------------------------------------------- on a CUDA GPU
+RANDOM_DIGITS = "random_digits_8x8"
+
+
+@pytest.fixture
+def gpu_cfg(tiny_cfg):
+    """tiny_cfg on random 8x8 images registered as a data set (the GPU machine need not
+    have scikit-learn for the embedded digits)."""
+    from neurofed.data import register_dataset
+    from neurofed.data.base import Dataset
+
+    @register_dataset(RANDOM_DIGITS)
+    def load(data_cfg: dict, seed: int = 0) -> Dataset:
+        rng = np.random.default_rng(7)
+        x = rng.random((300, 1, 8, 8), dtype=np.float32)
+        y = np.arange(300) % 10
+        return Dataset(RANDOM_DIGITS, x[:200], y[:200], x[200:], y[200:], num_classes=10)
+
+    return lambda **extra: tiny_cfg(**{"data.name": RANDOM_DIGITS, **extra})
 
 
 @pytest.mark.gpu
-def test_cuda_run_trains_on_the_gpu_and_keeps_files_on_the_cpu(tiny_cfg, tmp_path):
+def test_cuda_run_trains_on_the_gpu_and_keeps_files_on_the_cpu(gpu_cfg, tmp_path):
     from neurofed.fl.runner import Experiment, run
 
-    cfg = tiny_cfg(**{"federation.device": "cuda", "model.name": "cnn", "algorithm.name": "scaffold"})
+    cfg = gpu_cfg(**{"federation.device": "cuda", "model.name": "cnn", "algorithm.name": "scaffold"})
     summary = run(cfg, tmp_path / "run", progress=False, after=False)
     assert summary["failed_clients"] == 0  # the runner drops a client that raises: none may
     assert summary["device"]["device"].startswith("cuda") and summary["device"]["name"]
-    state = pickle.loads((tmp_path / "run" / "checkpoint.pkl").read_bytes())
+    state = _checkpoint(tmp_path / "run")
     assert isinstance(state["server"]["params"], np.ndarray) and np.all(np.isfinite(state["server"]["params"]))
     assert state["clients"] and all(isinstance(s["c_i"], np.ndarray) for s in state["clients"].values())
     exp = Experiment(cfg)
@@ -131,14 +154,14 @@ def test_cuda_run_trains_on_the_gpu_and_keeps_files_on_the_cpu(tiny_cfg, tmp_pat
 
 
 @pytest.mark.gpu
-def test_cuda_and_cpu_forward_give_the_same_spikes(tiny_cfg):
+def test_cuda_and_cpu_forward_give_the_same_spikes(gpu_cfg):
     """Same weights, same input spikes: SLAYER's fixed-point neurons on both devices.
     8-bit weights and binary inputs make the synaptic sums exact in float32."""
     from neurofed.data import load_dataset
     from neurofed.fl.train import forward_dataset
     from neurofed.models import build_run_model
 
-    cfg = tiny_cfg(**{"model.name": "cnn", "data.timesteps": 8})
+    cfg = gpu_cfg(**{"model.name": "cnn", "data.timesteps": 8})
     ds = load_dataset(cfg["data"], cfg["seed"])
     torch.manual_seed(0)
     cpu = build_run_model(cfg, ds)
