@@ -42,7 +42,7 @@ def cmd_run(args) -> int:
     out = Path(args.out) if args.out else default_run_dir(args.config, cfg)
     summary = run(cfg, out, resume=args.resume, progress=not args.quiet)
     print(f"final accuracy {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f}) "
-          f"after {summary['rounds']} rounds in {summary['wall_time_s']:.1f} s -> {out}")
+          f"after {summary['rounds']} rounds in {summary['wall_time_s']:.1f} s on {summary['device']['device']} -> {out}")
     return 0
 
 

@@ -133,6 +133,8 @@ DEFAULTS: dict[str, Any] = {
         # with fast_kernels: same spikes, gradients equal to SLAYER's up to float32 rounding
         # (spike-driven weight gradients, inline surrogate exp); see fast_cuba "Fast gradients"
         "fast_gradients": False,
+        # where local training and the global evaluation run (neurofed.device): auto | cpu | cuda | cuda:N
+        "device": "auto",
     },
     "algorithm": {"name": "fedavg"},
     "export": True,
@@ -308,6 +310,7 @@ def _energy_profiles(v):
 
 def _checks() -> dict[str, Check]:
     from neurofed.data import dataset_names
+    from neurofed.device import check_device
     from neurofed.data.partition import SCHEMES
     from neurofed.models import model_names
 
@@ -374,6 +377,7 @@ def _checks() -> dict[str, Check]:
         "federation.threads": number(1, integer=True, nullable=True),
         "federation.fast_kernels": boolean,
         "federation.fast_gradients": boolean,
+        "federation.device": check_device,
         "export": boolean,
         "lava.samples": number(0, integer=True),
         "lava.backend": choice(("fixed_pt", "loihi2")),

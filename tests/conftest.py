@@ -21,6 +21,9 @@ def tiny_overrides(**extra) -> list[str]:
         "federation.rounds": 2,
         "federation.batch_size": 64,
         "export": False,
+        # the tests' exact equalities (resume, Flower vs in process) hold on the CPU;
+        # tests/test_device.py covers the other devices
+        "federation.device": "cpu",
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
@@ -34,3 +37,15 @@ def tiny_cfg():
         return load_config(None, tiny_overrides(**extra))
 
     return make
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` are skipped where torch sees no CUDA GPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)

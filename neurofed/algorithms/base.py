@@ -105,7 +105,7 @@ class Client:
         model parameter it belongs to: for terms such as w − w_global or c − c_i."""
         params = dict(model.named_parameters())
         arrays = self.spec.unpack(np.asarray(flat, dtype=np.float32))
-        return [(params[n], torch.from_numpy(np.array(arrays[n]))) for n in self.spec.names]
+        return [(params[n], torch.from_numpy(np.array(arrays[n])).to(params[n].device)) for n in self.spec.names]
 
     # -- hooks -------------------------------------------------------------------------
     def begin(self, model) -> None:

@@ -39,6 +39,7 @@ import torch
 
 from neurofed.algorithms.base import Algorithm, Client, Server
 from neurofed.config import number
+from neurofed.device import model_device
 from neurofed.fl.seeds import rng_for
 
 
@@ -88,7 +89,8 @@ class FedMoSClient(Client):
         self.d = None  # local momentum, reset every round
         self.prev_flat = None  # x_{t−1}
         self.names = self.spec.names
-        self.global_t = torch.from_numpy(self.global_flat.copy())
+        self.device = model_device(model)
+        self.global_t = torch.from_numpy(self.global_flat.copy()).to(self.device)
 
     def loss(self, model, output, y, x):
         self.batch = (x, y)
@@ -99,8 +101,8 @@ class FedMoSClient(Client):
         grad = _flat_grad(model, self.names)
         grad_prev = self.grad_at_previous_point(model) if self.d is not None else None
         self.d = storm_direction(grad, grad_prev, self.d, a)
-        x_t = torch.from_numpy(self.spec.get(model))
-        self.prev_flat = x_t.numpy()
+        self.prev_flat = self.spec.get(model)
+        x_t = torch.from_numpy(self.prev_flat).to(self.device)
         self.prox = self.cfg["algorithm"]["mu"] * (x_t - self.global_t)
         params = dict(model.named_parameters())
         for name, sl in self.spec.slices().items():

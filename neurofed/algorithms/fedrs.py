@@ -21,7 +21,8 @@ def restricted_logits(logits: torch.Tensor, counts, alpha: float) -> torch.Tenso
     """FedRS's restricted softmax input: o_c = α_c·f_c(x), α_c = 1 for labels the client
     holds and α for the ones it misses."""
     n = torch.as_tensor(np.asarray(counts), device=logits.device)
-    scale = torch.where(n > 0, torch.ones((), dtype=logits.dtype), torch.full((), alpha, dtype=logits.dtype))
+    scale = torch.where(n > 0, torch.ones((), dtype=logits.dtype, device=logits.device),
+                        torch.full((), alpha, dtype=logits.dtype, device=logits.device))
     return logits * scale
 
 

@@ -72,6 +72,7 @@ from neurofed.algorithms.fedavg import FedAvg
 from neurofed.algorithms.fednova import FedNova, FedNovaClient, FedNovaServer
 from neurofed.algorithms.fedprox import FedProx, FedProxClient
 from neurofed.config import boolean, choice, number
+from neurofed.device import model_device
 from neurofed.fl.params import ParamSpec
 from neurofed.fl.seeds import rng_for, seed_for
 
@@ -319,7 +320,8 @@ class HeteroClient(Client):
         ref = self.model_factory()
         if float(self.cfg["model"]["width"]) != width:
             ref = build_model({**self.cfg["model"], "width": width}, tuple(ref.layers[0].in_shape),
-                              int(ref.layers[-1].out_shape[0]), self.cfg["federation"]["logit_scale"])
+                              int(ref.layers[-1].out_shape[0]),
+                              self.cfg["federation"]["logit_scale"]).to(model_device(ref))
         return ParamSpec.from_model(ref), ref
 
     def model(self):

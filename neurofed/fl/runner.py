@@ -29,6 +29,7 @@ from neurofed.config import ConfigError, dump_config
 from neurofed.data import load_dataset
 from neurofed.data.encoding import as_tensor
 from neurofed.data.partition import label_counts, partition
+from neurofed.device import describe_device, device_line, resolve_device
 from neurofed.fl.params import ParamSpec
 from neurofed.fl.privacy import SEEDED, Accountant
 from neurofed.fl.seeds import rng_for, seed_for
@@ -80,6 +81,8 @@ class Experiment:
 
     def __init__(self, cfg: dict):
         self.cfg = cfg
+        # local training and the global evaluation run here; everything else stays on the CPU
+        self.device = resolve_device(cfg["federation"].get("device", "auto"))
         threads = cfg["federation"].get("threads")
         if threads:
             torch.set_num_threads(int(threads))
@@ -100,17 +103,34 @@ class Experiment:
         self.y_test = torch.as_tensor(ds.y_test)
         self.algorithm = get_algorithm_class(cfg["algorithm"]["name"])
         torch.manual_seed(seed_for(cfg["seed"], "init"))
-        self.eval_model = self.new_model()
+        self.eval_model = self.new_model()  # on the CPU: export and energy read it
         self._eval_models: dict[str, torch.nn.Module] = {}  # other global models' (model_for)
+        self._device_models: dict[str, torch.nn.Module] = {}  # their twins on self.device
         self.spec = ParamSpec.from_model(self.eval_model)
         self.initial = self.spec.get(self.eval_model)
         self.server = self.algorithm.Server(cfg, self.spec, self.initial, len(self.parts))
         self.server.client_sizes = self.counts.sum(1)  # n_k: FedMoS samples clients by data share
-        self.client = self.algorithm.Client(cfg, self.spec, self.new_model)
+        self.client = self.algorithm.Client(cfg, self.spec, self.new_train_model)
         self.client_states: dict[int, dict] = {}
 
     def new_model(self) -> torch.nn.Module:
         return build_run_model(self.cfg, self.dataset)
+
+    def new_train_model(self) -> torch.nn.Module:
+        """A model on the run's device, for the client half (local training)."""
+        return self.new_model().to(self.device)
+
+    def device_model(self, model_cfg: dict) -> torch.nn.Module:
+        """The evaluation model for ``model_cfg`` on the run's device: ``model_for``'s
+        own on the CPU; otherwise a twin built once on the device (never a copy)."""
+        if self.device.type == "cpu":
+            return self.model_for(model_cfg)
+        key = json.dumps(model_cfg, sort_keys=True)
+        if key not in self._device_models:
+            ds = self.dataset
+            self._device_models[key] = build_model(model_cfg, ds.input_shape, ds.num_classes,
+                                                   self.cfg["federation"]["logit_scale"]).to(self.device)
+        return self._device_models[key]
 
     def client_data(self, cid: int) -> ClientData:
         idx = torch.as_tensor(self.parts[cid])
@@ -169,11 +189,14 @@ class Experiment:
         seed = seed_for(self.cfg["seed"], "eval")
         several = getattr(self.server, "global_models", None)
         if several is None:
-            self.spec.set(self.eval_model, self.server.params)
-            return evaluate(self.eval_model, self.x_test, self.y_test, self.cfg, seed)
+            model = self.device_model(self.cfg["model"])
+            self.spec.set(model, self.server.params)
+            if model is not self.eval_model:
+                self.spec.set(self.eval_model, self.server.params)  # the CPU copy stays current
+            return evaluate(model, self.x_test, self.y_test, self.cfg, seed)
         per = {}
         for label, (model_cfg, flat) in several().items():
-            model = self.model_for(model_cfg)
+            model = self.device_model(model_cfg)
             ParamSpec.from_model(model).set(model, flat)
             per[label] = evaluate(model, self.x_test, self.y_test, self.cfg, seed)
         ev = {k: float(np.mean([e[k] for e in per.values()])) for k in ("accuracy", "loss", "firing_rate")
@@ -271,6 +294,7 @@ def _comparable(cfg: dict) -> dict:
     """The parts of a config that must match for a resume (rounds may grow)."""
     c = json.loads(json.dumps(cfg))
     c["federation"].pop("rounds", None)
+    c["federation"].pop("device", None)  # a run may resume on another machine's device
     for section in ("export", "lava", "energy"):
         c.pop(section, None)
     return c
@@ -327,9 +351,13 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     ``experiment`` builds the :class:`Experiment` (the Flower app passes one whose
     clients live on SuperNodes); the run directory is the same either way."""
     out = Path(out)
+    resolve_device(cfg["federation"].get("device", "auto"))  # a GPU asked for but missing: stop before any work
     state = prepare_run_dir(out, cfg, resume)
     announce(cfg)
     exp = experiment(cfg)
+    device = describe_device(exp.device)
+    if progress:
+        print(f"neurofed: training on {device_line(device)}", file=sys.stderr, flush=True)
     dump_config(cfg, out / "config.yaml")
     (out / "partition.json").write_text(json.dumps({"label_counts": exp.counts.tolist()}))
     start = 0
@@ -388,6 +416,7 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
         summary["data_subset"] = exp.dataset.info["subset"]
     summary["privacy"] = accountant.summary()
     summary["models_kept"] = {"last": MODEL_LAST, "best": MODEL_BEST}
+    summary["device"] = device
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2).encode())
     from neurofed.plots import plot_accuracy, write_class_coverage
 

@@ -7,11 +7,15 @@ Algorithms never copy this loop; their client half plugs into it through hooks
 
 from __future__ import annotations
 
+import queue
+import threading
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from neurofed.data.encoding import encode_for
+from neurofed.device import model_device
 
 
 def make_optimizer(parameters, fed_cfg: dict) -> torch.optim.Optimizer:
@@ -31,6 +35,74 @@ def batches(n: int, batch_size: int, generator: torch.Generator | None = None):
         yield order[i:i + batch_size]
 
 
+def encoded_batches(model, x: torch.Tensor, y: torch.Tensor | None, data_cfg: dict, batch_size: int,
+                    gen: torch.Generator, epochs: int = 1, shuffle: bool = True, device=None):
+    """``(idx, encoded x[idx] on device, y[idx] on device)`` per batch, epoch after epoch.
+
+    Shuffling and encoding draw from ``gen`` on the CPU, in this order: one permutation
+    per epoch, then each batch's spikes; so every device sees the same input spikes.
+    """
+    for _ in range(epochs):
+        for idx in batches(len(x), batch_size, gen if shuffle else None):
+            xb = encode_for(model, x[idx], data_cfg, gen).to(device)
+            yield idx, xb, (None if y is None else y[idx].to(device))
+
+
+_END = object()
+
+
+class _Raised:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def ahead(items, depth: int = 2):
+    """Iterate ``items`` produced by a helper thread up to ``depth`` items ahead: on a GPU,
+    the next batches are encoded on the CPU and copied while the current one trains.
+    The producer is the only user of its random generator, so the draws are the same."""
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work():
+        try:
+            for item in items:
+                if not put(item):
+                    return
+        except BaseException as exc:  # handed to the consumer, raised there
+            put(_Raised(exc))
+            return
+        put(_END)
+
+    thread = threading.Thread(target=work, name="neurofed-batches", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, _Raised):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def device_batches(items, device: torch.device):
+    """``items`` as they are on the CPU (the reference order of work), ahead of the
+    consumer elsewhere."""
+    return items if device.type == "cpu" else ahead(items)
+
+
 def train_local(model, x: torch.Tensor, y: torch.Tensor, cfg: dict, hooks, seed: int) -> dict:
     """Train ``model`` in place on (x, y) for ``federation.local_epochs``.
 
@@ -40,24 +112,26 @@ def train_local(model, x: torch.Tensor, y: torch.Tensor, cfg: dict, hooks, seed:
     fed, data_cfg = cfg["federation"], cfg["data"]
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout uses the global stream
+    device = model_device(model)
     model.train()
     opt = hooks.make_optimizer(model, fed)
-    total, steps, seen = 0.0, 0, 0
-    for _ in range(fed["local_epochs"]):
-        for idx in batches(len(y), fed["batch_size"], gen):
-            xb = encode_for(model, x[idx], data_cfg, gen)
-            yb = y[idx]
-            out = model(xb)
-            loss = hooks.loss(model, out, yb, xb)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            hooks.before_step(model, opt)
-            opt.step()
-            hooks.after_step(model, opt)
-            total += float(loss.detach()) * len(idx)
-            seen += len(idx)
-            steps += 1
-    return {"train_loss": total / max(seen, 1), "steps": steps}
+    # float64 on the model's device: the same sums as Python floats, without a sync per step
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    steps, seen = 0, 0
+    # encoded on the CPU (same spikes on every device) and moved batch by batch
+    for idx, xb, yb in device_batches(encoded_batches(model, x, y, data_cfg, fed["batch_size"], gen,
+                                                      fed["local_epochs"], device=device), device):
+        out = model(xb)
+        loss = hooks.loss(model, out, yb, xb)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        hooks.before_step(model, opt)
+        opt.step()
+        hooks.after_step(model, opt)
+        total += loss.detach().double() * len(idx)
+        seen += len(idx)
+        steps += 1
+    return {"train_loss": float(total) / max(seen, 1), "steps": steps}
 
 
 @torch.no_grad()
@@ -65,24 +139,27 @@ def forward_dataset(model, x: torch.Tensor, data_cfg: dict, seed: int, batch_siz
                     record: bool = True):
     """Run ``model`` over ``x`` without training; return logits and per-layer spike counts.
 
-    Returns ``(logits (N, K), layer_spikes (N, L) or None)``. Leaves parameters,
+    Returns ``(logits (N, K), layer_spikes (N, L) or None)``, on the CPU whatever the
+    model's device (batches go to the model's device one by one). Leaves parameters,
     optimizer and buffers as they were (eval mode is restored to the caller's mode).
     """
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)
+    device = model_device(model)
     model.record = record
     logits, spikes = [], []
     try:
-        for idx in batches(len(x), batch_size):
-            out = model(encode_for(model, x[idx], data_cfg, gen))
+        for _, xb, _ in device_batches(encoded_batches(model, x, None, data_cfg, batch_size, gen, shuffle=False,
+                                                       device=device), device):
+            out = model(xb)
             logits.append(model.readout(out))
             if record and model.layer_spikes:
                 spikes.append(torch.stack(model.layer_spikes, 1))
     finally:
         model.record = False
         model.train(was_training)
-    return torch.cat(logits), (torch.cat(spikes) if spikes else None)
+    return torch.cat(logits).cpu(), (torch.cat(spikes).cpu() if spikes else None)
 
 
 def evaluate(model, x: torch.Tensor, y: torch.Tensor, cfg: dict, seed: int) -> dict:

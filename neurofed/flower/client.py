@@ -14,7 +14,7 @@ partition this node serves.
 from __future__ import annotations
 
 import traceback
-from functools import lru_cache, partial
+from functools import lru_cache
 from logging import ERROR
 
 import numpy as np
@@ -34,6 +34,7 @@ from neurofed.fl.train import evaluate
 from neurofed.flower.records import from_arrays, from_config, load_state, save_state, to_arrays, to_metrics
 from neurofed.flower.settings import experiment_config, settings
 from neurofed.flower.strategy import EXTRA_KEY, NODE_KEY, NUM_EXAMPLES, TARGET_KEY
+from neurofed.device import resolve_device
 from neurofed.models import build_run_model
 
 
@@ -47,9 +48,10 @@ class Node:
         if threads:
             torch.set_num_threads(int(threads))
         self.cfg = cfg
+        self.device = resolve_device(cfg["federation"].get("device", "auto"))  # this SuperNode's own device
         self.dataset, self.parts = load_partitioned(cfg)
         self.algorithm = get_algorithm_class(cfg["algorithm"]["name"])
-        self.new_model = partial(build_run_model, cfg, self.dataset)
+        self.new_model = lambda: build_run_model(cfg, self.dataset).to(self.device)
         self.spec = ParamSpec.from_model(self.new_model())
         self.client = self.algorithm.Client(cfg, self.spec, self.new_model)
         self._eval_models: dict = {}
@@ -65,7 +67,7 @@ class Node:
         model per width). Built once each."""
         width = float(self.cfg["model"]["width"] if width is None else width)
         if width not in self._eval_models:
-            model = build_run_model(self.cfg, self.dataset, width)
+            model = build_run_model(self.cfg, self.dataset, width).to(self.device)
             self._eval_models[width] = (model, ParamSpec.from_model(model))
         return self._eval_models[width]
 

@@ -56,7 +56,7 @@ def make_server_app(defaults: dict | None = None) -> ServerApp:
         summary = run(cfg, out, resume=bool(s["resume"]),
                       experiment=lambda c: FlowerExperiment(c, grid, float(s["round-timeout"]),
                                                             float(s["node-timeout"])))
-        log(INFO, "neurofed: final accuracy %.4f (best %.4f) after %d rounds -> %s", summary["final_accuracy"],
-            summary["best_accuracy"], summary["rounds"], out)
+        log(INFO, "neurofed: final accuracy %.4f (best %.4f) after %d rounds (server device %s) -> %s",
+            summary["final_accuracy"], summary["best_accuracy"], summary["rounds"], summary["device"]["device"], out)
 
     return app

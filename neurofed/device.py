@@ -1,0 +1,99 @@
+"""Where local training and the global evaluation run: ``federation.device``.
+
+``auto`` (default): the first CUDA GPU torch sees, else the CPU. ``cpu``, ``cuda``
+(torch's current GPU) and ``cuda:N`` are taken literally: a GPU asked for that this
+machine cannot use is a :class:`~neurofed.config.ConfigError`, never a silent CPU run.
+
+Only models and batches go to the device. Parameter messages, aggregation,
+checkpoints, export, Lava and energy counting stay on the CPU (``ParamSpec.get``
+returns CPU arrays; ``forward_dataset`` returns CPU tensors), and the input encoding
+draws its spikes on the CPU, so every device sees the same input spikes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+
+from neurofed.config import ConfigError
+
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+DEVICE_HELP = "allowed: auto, cpu, cuda, cuda:N"
+
+
+def check_device(value) -> str | None:
+    """Config check for ``federation.device`` (its syntax; availability is checked by
+    :func:`resolve_device` on the machine that trains)."""
+    if isinstance(value, str) and DEVICE_PATTERN.match(value):
+        return None
+    return DEVICE_HELP
+
+
+def _no_gpu_reason() -> str:
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    hint = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+    return f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no usable GPU{hint}"
+
+
+def resolve_device(value: str = "auto") -> torch.device:
+    """The ``torch.device`` that ``federation.device: value`` means on this machine."""
+    if check_device(value):
+        raise ConfigError(f"federation.device: got {value!r}; {DEVICE_HELP}")
+    if value == "cpu" or (value == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"federation.device: got {value!r}; {_no_gpu_reason()}; use cpu or auto")
+    index = torch.cuda.current_device() if value in ("auto", "cuda") else int(value.split(":")[1])
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ConfigError(f"federation.device: got {value!r}; this machine has {count} CUDA device(s): "
+                          f"cuda:0..cuda:{count - 1}")
+    device = torch.device("cuda", index)
+    try:
+        torch.zeros(1, device=device).add_(1)
+    except RuntimeError as exc:  # driver/toolkit mismatch, GPU busy in exclusive mode, ...
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"federation.device: got {value!r}; {device} is not usable: {first}") from None
+    return device
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def describe_device(device: torch.device) -> dict:
+    """What ran, for the run log and ``summary.json``: device, name, torch (and CUDA)."""
+    device = torch.device(device)
+    info = {"device": str(device), "torch": torch.__version__}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(name=props.name, cuda=torch.version.cuda, capability=f"{props.major}.{props.minor}",
+                    memory_gib=round(props.total_memory / 2**30, 1))
+    else:
+        info.update(name=_cpu_name(), threads=torch.get_num_threads())
+    return info
+
+
+def device_line(info: dict) -> str:
+    """One line for a log: ``cuda:0 (NVIDIA H100 80GB HBM3, CUDA 13.0)``."""
+    extra = f", CUDA {info['cuda']}" if info.get("cuda") else f", {info.get('threads')} threads"
+    return f"{info['device']} ({info.get('name', '?')}{extra})"
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of ``model``'s parameters (the CPU for a model without any)."""
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
