@@ -10,8 +10,10 @@ as surely as one in ``federation.lr``.
 from __future__ import annotations
 
 import copy
+import importlib
 import re
 import numbers
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -54,59 +56,10 @@ def yaml_load(text: str):
     return yaml.load(text, Loader=_Loader)
 
 
-DEFAULTS: dict[str, Any] = {
+# The keys of the run itself and of federated training; the sections of components
+# (data, partition, model, algorithm, energy) are declared by those components (register_section).
+CORE_DEFAULTS: dict[str, Any] = {
     "seed": 0,
-    "data": {
-        "name": "digits",
-        "root": None,  # local folder for datasets that are not embedded
-        "encoding": "rate",  # rate (Poisson) | direct (analog current) | events
-        "timesteps": 16,
-        "max_rate": 1.0,  # spike probability per step of a pixel at full intensity
-        "test_fraction": 0.25,
-        # event data sets (neurofed.data.events); data.encoding must be "events" for them
-        "bin_by": "time",  # T frames of equal duration (time) or equal event count (count)
-        "downsample": 1,  # integer spatial downsampling factor of event data (1 = full size)
-        "denoise_us": None,  # tonic Denoise filter_time in µs; null = off
-        "contrast_threshold": 0.15,  # log-intensity threshold of the synthetic event camera
-        "cache": None,  # folder for decoded images / binned event frames; null = <root>/.neurofed_cache
-        # a stratified, seeded slice of a split: a count (>= 1) or a fraction in (0, 1]; null = all
-        "train_subset": None,
-        "test_subset": None,
-        "cifar100_labels": "fine",  # cifar100: fine (100 classes) | coarse (20 superclasses)
-        "svhn_extra": False,  # svhn: append extra_32x32.mat to the training split
-        # direct encoding / ANN twin: per-channel (pixel in [0, 1] - mean) / std; null = none
-        "mean": None,
-        "std": None,
-    },
-    "partition": {
-        "scheme": "iid",
-        "num_clients": 10,
-        "alpha": 0.5,
-        "classes_per_client": 2,
-        "shards_per_client": 2,
-        "ratio": [3, 1],
-        "min_size": 10,
-    },
-    "model": {
-        "name": "cnn",
-        "kind": "snn",  # snn | ann (the ANN twin: same topology, ReLU)
-        "width": 1.0,
-        "threshold": 1.25,
-        "current_decay": 0.25,
-        "voltage_decay": 0.03,
-        "tau_grad": 0.1,
-        "scale_grad": 1.0,
-        "weight_norm": False,
-        "quantize": True,  # 8-bit weights as on Loihi (SLAYER's quantize_8bit hook)
-        "dropout": 0.0,
-        "delay_shift": True,  # SLAYER's one-step delay per block (Lava's timing); false: the papers' T
-        # factorized convolutions (hifi_cnn; SFedHIFI Eq. 4): bank elements per width-1 output
-        # channel, channels per group per width-1 channel (the authors' values); factorization:
-        # output (Eq. 4: B groups output channels) | input (the authors' code: input channels)
-        "bank_fraction": 0.25,
-        "group_fraction": 0.125,
-        "factorization": "output",
-    },
     "federation": {
         "rounds": 30,
         "clients_per_round": 5,
@@ -136,19 +89,11 @@ DEFAULTS: dict[str, Any] = {
         # where local training and the global evaluation run (neurofed.device): auto | cpu | cuda | cuda:N
         "device": "auto",
     },
-    "algorithm": {"name": "fedavg"},
     "export": True,
     "lava": {"samples": 0, "backend": "fixed_pt"},
-    # After training (and export/Lava): energy.json per hw profile; the first is the headline.
-    "energy": {"enabled": True, "profiles": ["cmos45_int", "cmos45_fp32", "loihi", "truenorth", "loihi2"],
-               "spikes": "torch",  # torch: exact per-position counts on the test set; lava: lava.json
-               # exact: measured synaptic ops | paper: the headline by the algorithm's paper's formula
-               # (FedSNN Sec. IV-F, SFedCA Eq. 13, SFedHIFI Eq. 15-16; neurofed.energy.conventions)
-               "convention": "exact"},
 }
 
 OPTIMIZERS = ("adam", "sgd")
-ENCODINGS = ("rate", "direct", "events")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -240,14 +185,8 @@ def boolean(v):
     return None if isinstance(v, bool) else "expected true or false"
 
 
-def _ratio(v):
-    if (
-        isinstance(v, (list, tuple))
-        and len(v) == 2
-        and all(isinstance(x, numbers.Real) and not isinstance(x, bool) and x > 0 for x in v)
-    ):
-        return None
-    return "expected two positive numbers [n1, n2]"
+def optional_str(v):
+    return None if v is None or isinstance(v, str) else "expected a path or null"
 
 
 def _milestones(v):
@@ -257,104 +196,21 @@ def _milestones(v):
     return "expected a list of increasing round numbers >= 1 (the lr is multiplied by federation.lr_gamma after each)"
 
 
-def _subset(v):
-    if v is None:
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+DEVICE_HELP = "allowed: auto, cpu, cuda, cuda:N"
+
+
+def check_device(value) -> str | None:
+    """Config check for ``federation.device`` (its syntax; availability is checked by
+    :func:`neurofed.device.resolve_device` on the machine that trains)."""
+    if isinstance(value, str) and DEVICE_PATTERN.match(value):
         return None
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        return "expected a count >= 1, a fraction in (0, 1], or null (all)"
-    if isinstance(v, numbers.Integral):
-        return None if v >= 1 else "expected a count >= 1, a fraction in (0, 1], or null (all)"
-    return None if 0 < v <= 1 else "expected a fraction in (0, 1], a count >= 1, or null (all)"
+    return DEVICE_HELP
 
 
-def _channel_values(positive: bool) -> Check:
-    def check(v):
-        if v is None:
-            return None
-        if isinstance(v, numbers.Real) and not isinstance(v, bool):
-            v = [v]
-        if (not isinstance(v, (list, tuple)) or not v
-                or not all(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in v)):
-            return "expected a number or a list of one number per input channel, or null"
-        if positive and any(x <= 0 for x in v):
-            return "expected values > 0"
-        return None
-
-    return check
-
-
-def _data_cross_checks(d: dict) -> list[str]:
-    """Keys that only make sense together with others (the load checks the rest)."""
-    problems = []
-    if (d.get("mean") is not None or d.get("std") is not None) and d.get("encoding") not in ("direct",):
-        problems.append(f"data.mean / data.std: set with data.encoding {d.get('encoding')!r}; normalisation "
-                        "applies to direct (analog) input only: rate coding needs pixels in [0, 1] as spike "
-                        "probabilities")
-    if d.get("cifar100_labels") == "coarse" and d.get("name") != "cifar100":
-        problems.append(f"data.cifar100_labels: got 'coarse'; only cifar100 has coarse labels "
-                        f"(data.name is {d.get('name')!r})")
-    if d.get("svhn_extra") is True and d.get("name") != "svhn":
-        problems.append(f"data.svhn_extra: got true; only svhn has an extra split (data.name is {d.get('name')!r})")
-    return problems
-
-
-def _optional_str(v):
-    return None if v is None or isinstance(v, str) else "expected a path or null"
-
-
-def _energy_profiles(v):
-    from neurofed.energy.profiles import check_profile_refs
-
-    return check_profile_refs(v)
-
-
-def _checks() -> dict[str, Check]:
-    from neurofed.data import dataset_names
-    from neurofed.device import check_device
-    from neurofed.data.partition import SCHEMES
-    from neurofed.models import model_names
-
+def _core_checks() -> dict[str, Check]:
     return {
         "seed": number(0, integer=True),
-        "data.name": choice(dataset_names()),
-        "data.root": _optional_str,
-        "data.encoding": choice(ENCODINGS),
-        "data.timesteps": number(1, 10_000, integer=True),
-        "data.max_rate": number(0, 1, lo_open=True),
-        "data.test_fraction": number(0, 1, lo_open=True),
-        "data.bin_by": choice(("time", "count")),
-        "data.downsample": number(1, integer=True),
-        "data.denoise_us": number(0, lo_open=True, nullable=True),
-        "data.contrast_threshold": number(0, lo_open=True),
-        "data.cache": _optional_str,
-        "data.train_subset": _subset,
-        "data.test_subset": _subset,
-        "data.cifar100_labels": choice(("fine", "coarse")),
-        "data.svhn_extra": boolean,
-        "data.mean": _channel_values(False),
-        "data.std": _channel_values(True),
-        "partition.scheme": choice(SCHEMES),
-        "partition.num_clients": number(1, integer=True),
-        "partition.alpha": number(0, lo_open=True),
-        "partition.classes_per_client": number(1, integer=True),
-        "partition.shards_per_client": number(1, integer=True),
-        "partition.ratio": _ratio,
-        "partition.min_size": number(0, integer=True),
-        "model.name": choice(model_names()),
-        "model.kind": choice(("snn", "ann")),
-        "model.width": number(0, 1, lo_open=True),
-        "model.threshold": number(0, lo_open=True),
-        "model.current_decay": number(0, 1),
-        "model.voltage_decay": number(0, 1),
-        "model.tau_grad": number(0, lo_open=True),
-        "model.scale_grad": number(0, lo_open=True),
-        "model.weight_norm": boolean,
-        "model.quantize": boolean,
-        "model.dropout": number(0, 1),
-        "model.delay_shift": boolean,
-        "model.bank_fraction": number(0, 1, lo_open=True),
-        "model.group_fraction": number(0, 1, lo_open=True),
-        "model.factorization": choice(("output", "input")),
         "federation.rounds": number(1, integer=True),
         "federation.clients_per_round": number(1, integer=True),
         "federation.local_epochs": number(1, integer=True),
@@ -381,20 +237,81 @@ def _checks() -> dict[str, Check]:
         "export": boolean,
         "lava.samples": number(0, integer=True),
         "lava.backend": choice(("fixed_pt", "loihi2")),
-        "energy.enabled": boolean,
-        "energy.profiles": _energy_profiles,
-        "energy.spikes": choice(("auto", "torch", "lava")),
-        "energy.convention": choice(("exact", "paper")),
     }
+
+
+def _core_cross_checks(cfg: dict) -> list[str]:
+    problems = []
+    p, f = cfg["partition"], cfg["federation"]
+    if f["clients_per_round"] > p["num_clients"]:
+        problems.append(f"federation.clients_per_round: got {f['clients_per_round']}; "
+                        f"expected <= partition.num_clients ({p['num_clients']})")
+    if f.get("ldp_clip") is not None and not f.get("ldp_laplace"):
+        problems.append(f"federation.ldp_clip: got {f['ldp_clip']}; clipping applies only with "
+                        f"federation.ldp_laplace > 0 (set both, or neither)")
+    return problems
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class Section:
+    """The config section a component owns: its defaults, a check per dotted key
+    (built on demand: choices such as the registered data sets are known only then),
+    checks across keys once every key is valid, and — for sections whose keys depend
+    on a choice, like ``algorithm`` — its own resolve and validate."""
+
+    name: str
+    defaults: dict
+    checks: Callable[[], dict[str, Check]] = dict
+    cross_checks: Callable[[dict], list[str]] | None = None
+    resolve: Callable[[dict], dict] | None = None
+    validate: Callable[[dict, dict], list[str]] | None = None
+
+
+_SECTIONS: dict[str, Section] = {}
+# The modules that declare a section (register_section, on import). This layer knows
+# them by name, as the command line knows its COMMAND_MODULES, and imports none of them
+# in its own code: they import it.
+SECTION_MODULES = ("neurofed.data", "neurofed.data.partition", "neurofed.models", "neurofed.algorithms",
+                   "neurofed.energy.profiles")
+# Order of the sections in a resolved config (and config.yaml).
+_ORDER = ("seed", "data", "partition", "model", "federation", "algorithm", "export", "lava", "energy")
+
+
+def register_section(section: Section) -> Section:
+    _SECTIONS[section.name] = section
+    return section
+
+
+def sections() -> dict[str, Section]:
+    for module in SECTION_MODULES:
+        importlib.import_module(module)
+    return _SECTIONS
+
+
+def defaults() -> dict[str, Any]:
+    """Every default: the core keys and each registered section's."""
+    merged = {**CORE_DEFAULTS, **{name: sec.defaults for name, sec in sections().items()}}
+    return copy.deepcopy({k: merged[k] for k in sorted(merged, key=lambda k: (_ORDER + (k,)).index(k))})
+
+
+def __getattr__(name: str):
+    if name == "DEFAULTS":  # the assembled defaults, as a module attribute
+        return defaults()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def validate(cfg: dict) -> dict:
     """Check every key of ``cfg``; raise one ConfigError listing all problems."""
-    from neurofed.algorithms import get_algorithm_class, algorithm_names
-
+    secs = sections()
     problems: list[str] = []
-    checks = _checks()
-    flat = _flatten({k: v for k, v in cfg.items() if k != "algorithm"})
+    checks = _core_checks()
+    for sec in secs.values():
+        checks.update(sec.checks())
+    own = {name for name, sec in secs.items() if sec.validate is not None}
+    flat = _flatten({k: v for k, v in cfg.items() if k not in own})
     for key, value in flat.items():
         check = checks.get(key)
         if check is None:
@@ -405,40 +322,26 @@ def validate(cfg: dict) -> dict:
         msg = check(value)
         if msg:
             problems.append(f"{key}: got {value!r}; {msg}")
-
-    algo = cfg.get("algorithm", {})
-    name = algo.get("name")
-    if name not in algorithm_names():
-        problems.append(f"algorithm.name: got {name!r}; allowed: {', '.join(algorithm_names())}")
-    else:
-        problems.extend(get_algorithm_class(name).validate_config(algo, cfg))
+    for name in own:
+        problems.extend(secs[name].validate(cfg.get(name, {}), cfg))
 
     if not problems:
-        problems.extend(_data_cross_checks(cfg.get("data", {})))
+        for sec in secs.values():
+            if sec.cross_checks is not None:
+                problems.extend(sec.cross_checks(cfg))
     if not problems:
-        p, f = cfg["partition"], cfg["federation"]
-        if f["clients_per_round"] > p["num_clients"]:
-            problems.append(
-                f"federation.clients_per_round: got {f['clients_per_round']}; "
-                f"expected <= partition.num_clients ({p['num_clients']})"
-            )
-        if f.get("ldp_clip") is not None and not f.get("ldp_laplace"):
-            problems.append(f"federation.ldp_clip: got {f['ldp_clip']}; clipping applies only with "
-                            f"federation.ldp_laplace > 0 (set both, or neither)")
+        problems.extend(_core_cross_checks(cfg))
     if problems:
         raise ConfigError("\n".join(problems))
     return cfg
 
 
 def resolve(cfg: dict) -> dict:
-    """Fill defaults (including the chosen algorithm's) into a partial config."""
-    from neurofed.algorithms import algorithm_names, get_algorithm_class
-
-    out = deep_merge(DEFAULTS, cfg)
-    name = out["algorithm"].get("name")
-    if name in algorithm_names():
-        algo_defaults = get_algorithm_class(name).config_defaults
-        out["algorithm"] = deep_merge({"name": name, **algo_defaults}, out["algorithm"])
+    """Fill defaults (including those that depend on a choice, e.g. the algorithm's) into a partial config."""
+    out = deep_merge(defaults(), cfg)
+    for name, sec in sections().items():
+        if sec.resolve is not None:
+            out[name] = sec.resolve(out[name])
     return out
 
 
@@ -459,7 +362,7 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), d
                               f"sections you mean (see examples/digits_fedavg.yaml)")
         if not isinstance(cfg, dict):
             raise ConfigError(f"config file {str(path)!r}: expected a mapping of sections at top level")
-        sections = [k for k, v in DEFAULTS.items() if isinstance(v, dict) and k in cfg and not isinstance(cfg[k], dict)]
+        sections = [k for k, v in defaults().items() if isinstance(v, dict) and k in cfg and not isinstance(cfg[k], dict)]
         if sections:
             raise ConfigError("\n".join(f"{k}: got {cfg[k]!r}; expected a mapping of keys (an empty section runs "
                                          f"its defaults: remove it instead)" for k in sections))

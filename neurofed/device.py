@@ -13,23 +13,10 @@ draws its spikes on the CPU, so every device sees the same input spikes.
 from __future__ import annotations
 
 import os
-import re
 
 import torch
 
-from neurofed.config import ConfigError
-
-DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
-DEVICE_HELP = "allowed: auto, cpu, cuda, cuda:N"
-
-
-def check_device(value) -> str | None:
-    """Config check for ``federation.device`` (its syntax; availability is checked by
-    :func:`resolve_device` on the machine that trains)."""
-    if isinstance(value, str) and DEVICE_PATTERN.match(value):
-        return None
-    return DEVICE_HELP
-
+from neurofed.config import DEVICE_HELP, ConfigError, check_device
 
 def _no_gpu_reason() -> str:
     if torch.version.cuda is None:

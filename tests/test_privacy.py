@@ -170,16 +170,17 @@ def test_gaussian_epsilon_meets_the_exact_condition():
 
 
 def test_sfedca_rate_report_epsilon(tiny_cfg):
+    from neurofed.algorithms.sfedca import SFedCA
     from neurofed.fl.privacy import gaussian_epsilon, mechanisms
 
     cfg = tiny_cfg(**{"algorithm.name": "sfedca", "algorithm.candidates": 3, "algorithm.rate_noise": 2.0,
                       "algorithm.rate_clip": 0.5, "federation.ldp_laplace": 0.5, "federation.ldp_clip": 0.25})
-    update, rates = mechanisms(cfg, 10)
+    update, rates = mechanisms(cfg, 10, SFedCA)
     assert update["epsilon"] == 1.0
     assert rates["sensitivity_l2"] == pytest.approx(0.5 * math.sqrt(20))  # 10 rates before, 10 after, in [0, 0.5]
     assert rates["epsilon"] == gaussian_epsilon(2.0, 0.5 * math.sqrt(20), 1e-5)
     no_update_noise = tiny_cfg(**{"algorithm.name": "sfedca", "algorithm.candidates": 3, "algorithm.rate_noise": 2.0})
-    assert [m["epsilon"] is None for m in mechanisms(no_update_noise, 10)] == [True, False]  # update in the clear
+    assert [m["epsilon"] is None for m in mechanisms(no_update_noise, 10, SFedCA)] == [True, False]  # update in the clear
 
 
 # --------------------------------------------------------------------------- state under noise

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 
 from neurofed.algorithms.base import Algorithm
+from neurofed.config import Section, deep_merge, register_section
 
 # name -> "module:Class"
 _MODULES = {
@@ -43,5 +44,24 @@ def get_algorithm_class(name: str) -> type[Algorithm]:
     module, cls = _MODULES[name].split(":")
     return getattr(importlib.import_module(module), cls)
 
+
+
+def _resolve(algo: dict) -> dict:
+    """The chosen algorithm's defaults under what the config gives."""
+    name = algo.get("name")
+    if name not in _MODULES:
+        return algo
+    return deep_merge({"name": name, **get_algorithm_class(name).config_defaults}, algo)
+
+
+def _validate(algo: dict, cfg: dict) -> list[str]:
+    """Keys are the chosen algorithm's: it validates them (``Algorithm.validate_config``)."""
+    name = algo.get("name")
+    if name not in _MODULES:
+        return [f"algorithm.name: got {name!r}; allowed: {', '.join(algorithm_names())}"]
+    return get_algorithm_class(name).validate_config(algo, cfg)
+
+
+register_section(Section("algorithm", {"name": "fedavg"}, resolve=_resolve, validate=_validate))
 
 __all__ = ["Algorithm", "algorithm_names", "get_algorithm_class", "register"]

@@ -72,9 +72,9 @@ def event_options(data_cfg: dict) -> dict:
 
     Raises ``ValueError`` with one line per problem, naming the key.
     """
-    from neurofed.config import DEFAULTS
+    from neurofed.data import DATA_DEFAULTS
 
-    d = {**DEFAULTS["data"], **data_cfg}
+    d = {**DATA_DEFAULTS, **data_cfg}
     name = d.get("name")
     problems = []
     if d.get("encoding") != "events":

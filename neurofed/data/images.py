@@ -423,9 +423,9 @@ IMAGE_SETS = {s.name: s for s in (MNIST, FASHION_MNIST, CIFAR10, CIFAR100, SVHN)
 
 def image_options(name: str, data_cfg: dict) -> dict:
     """The keys that change what ``name`` loads; one-line errors for keys of other sets."""
-    from neurofed.config import DEFAULTS
+    from neurofed.data import DATA_DEFAULTS
 
-    d = {**DEFAULTS["data"], **data_cfg}
+    d = {**DATA_DEFAULTS, **data_cfg}
     problems = []
     if d.get("cifar100_labels") not in ("fine", "coarse"):
         problems.append(f"data.cifar100_labels: got {d.get('cifar100_labels')!r}; allowed: fine, coarse")

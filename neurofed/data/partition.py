@@ -60,9 +60,39 @@ from typing import Callable
 
 import numpy as np
 
-from neurofed.config import DEFAULTS
+from neurofed.config import Section, choice, number, register_section
 
 SCHEMES = ("iid", "dirichlet", "cnum", "dir_n", "shards", "ci")
+PARTITION_DEFAULTS: dict = {
+    "scheme": "iid",
+    "num_clients": 10,
+    "alpha": 0.5,
+    "classes_per_client": 2,
+    "shards_per_client": 2,
+    "ratio": [3, 1],
+    "min_size": 10,
+}
+
+
+def _ratio(v):
+    if (
+        isinstance(v, (list, tuple))
+        and len(v) == 2
+        and all(isinstance(x, numbers.Real) and not isinstance(x, bool) and x > 0 for x in v)
+    ):
+        return None
+    return "expected two positive numbers [n1, n2]"
+
+
+register_section(Section("partition", PARTITION_DEFAULTS, lambda: {
+    "partition.scheme": choice(SCHEMES),
+    "partition.num_clients": number(1, integer=True),
+    "partition.alpha": number(0, lo_open=True),
+    "partition.classes_per_client": number(1, integer=True),
+    "partition.shards_per_client": number(1, integer=True),
+    "partition.ratio": _ratio,
+    "partition.min_size": number(0, integer=True),
+}))
 
 # Bound on the Dirichlet redraws made to satisfy ``min_size`` (NIID-Bench loops forever).
 MAX_DRAWS = 1000
@@ -84,14 +114,14 @@ def partition(labels: np.ndarray, num_classes: int, cfg: dict, rng: np.random.Ge
     """Split sample indices ``0..len(labels)-1`` among ``cfg["num_clients"]`` clients.
 
     ``cfg`` is the config's ``partition`` section (missing keys take the project
-    defaults from :data:`neurofed.config.DEFAULTS`). Returns one sorted ``int64`` array
+    defaults from :data:`PARTITION_DEFAULTS`). Returns one sorted ``int64`` array
     of sample indices per client; the arrays are disjoint. Raises
     :class:`PartitionError` for a setting that cannot be met.
     """
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
     labels = _check_labels(labels, num_classes)
-    cfg = {**DEFAULTS["partition"], **cfg}
+    cfg = {**PARTITION_DEFAULTS, **cfg}
     scheme = cfg["scheme"]
     if not isinstance(scheme, str) or scheme not in SCHEMES:
         raise PartitionError(f"partition.scheme: got {scheme!r}; allowed: {', '.join(SCHEMES)}")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from neurofed.config import ConfigError
+from neurofed.config import ConfigError, Section, boolean, choice, register_section
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "hw_profiles"
 KINDS = ("digital", "neuromorphic")
@@ -223,3 +223,22 @@ def check_profile_refs(refs) -> str | None:
     except ProfileError as exc:
         return str(exc).splitlines()[0]
     return None
+
+
+# After training (and export/Lava): energy.json per hw profile; the first is the headline.
+ENERGY_DEFAULTS: dict = {
+    "enabled": True,
+    "profiles": ["cmos45_int", "cmos45_fp32", "loihi", "truenorth", "loihi2"],
+    "spikes": "torch",  # torch: exact per-position counts on the test set; lava: lava.json
+    # exact: measured synaptic ops | paper: the headline by the algorithm's paper's formula
+    # (FedSNN Sec. IV-F, SFedCA Eq. 13, SFedHIFI Eq. 15-16; neurofed.energy.conventions)
+    "convention": "exact",
+}
+
+
+register_section(Section("energy", ENERGY_DEFAULTS, lambda: {
+    "energy.enabled": boolean,
+    "energy.profiles": check_profile_refs,
+    "energy.spikes": choice(("auto", "torch", "lava")),
+    "energy.convention": choice(("exact", "paper")),
+}))

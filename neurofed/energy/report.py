@@ -27,13 +27,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from neurofed.config import DEFAULTS
 from neurofed.energy.conventions import PAPERS, paper_energy, paper_for
 from neurofed.energy.ops import count_layers, neurobench_summary, synapse_masks
-from neurofed.energy.profiles import Profile, load_profiles
+from neurofed.energy.profiles import ENERGY_DEFAULTS, Profile, load_profiles
 from neurofed.energy.spikes import LAVA_FILE, SpikeMaps, measure_torch, read_lava, read_lava_record
 
-DEFAULT_PROFILES = DEFAULTS["energy"]["profiles"]
+DEFAULT_PROFILES = ENERGY_DEFAULTS["profiles"]
 ENERGY_FILE = "energy.json"
 PJ = 1e-12
 SPIKE_SOURCES = ("auto", "torch", "lava")

@@ -126,12 +126,12 @@ def gaussian_epsilon(sigma: float, sensitivity: float, delta: float) -> float:
 # --------------------------------------------------------------------------- accounting
 
 
-def mechanisms(cfg: dict, num_classes: int) -> list[dict]:
+def mechanisms(cfg: dict, num_classes: int, algorithm=None) -> list[dict]:
     """What each uploading client releases per round, with its guarantee:
     ``{"release", "mechanism", "epsilon" (None: unbounded), "delta", ...}``; empty
-    when no privacy noise is configured at all."""
-    from neurofed.algorithms import get_algorithm_class
-
+    when no privacy noise is configured at all. ``algorithm`` (the run's
+    :class:`~neurofed.algorithms.base.Algorithm` class) adds what its clients release
+    besides the update (``privacy_mechanisms``, e.g. SFedCA's firing-rate reports)."""
     fed = cfg["federation"]
     b = fed.get("ldp_laplace", 0.0)
     clip = fed.get("ldp_clip")
@@ -141,7 +141,7 @@ def mechanisms(cfg: dict, num_classes: int) -> list[dict]:
                   "epsilon": laplace_epsilon(b, clip), "delta": 0.0}
     else:  # the update leaves in the clear
         update = {"release": "model update", "mechanism": "none", "epsilon": None, "delta": 0.0}
-    out = [update] + get_algorithm_class(cfg["algorithm"]["name"]).privacy_mechanisms(cfg, num_classes)
+    out = [update] + (algorithm.privacy_mechanisms(cfg, num_classes) if algorithm is not None else [])
     return out if any(m["mechanism"] != "none" for m in out) else []
 
 
@@ -154,9 +154,9 @@ def _round_cost(mechs: list[dict]) -> tuple[float | None, float]:
 class Accountant:
     """Per-client ε and δ spent so far (uploads counted from the clients that replied)."""
 
-    def __init__(self, cfg: dict, num_classes: int):
+    def __init__(self, cfg: dict, num_classes: int, algorithm=None):
         self.cfg = cfg
-        self.mechs = mechanisms(cfg, num_classes)
+        self.mechs = mechanisms(cfg, num_classes, algorithm)
         self.eps, self.delta = _round_cost(self.mechs)
         self.uploads: dict[int, int] = {}
 

@@ -306,10 +306,10 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     A key that a newer neurofed added (absent from ``saved``) only counts when its
     value is not the default, so runs started before it existed still resume.
     """
-    from neurofed.config import DEFAULTS, _flatten
+    from neurofed.config import _flatten, defaults as config_defaults
 
     old, new = _flatten(_comparable(saved)), _flatten(_comparable(current))
-    defaults = _flatten(DEFAULTS)
+    defaults = _flatten(config_defaults())
     diffs = []
     for key in sorted(set(old) | set(new)):
         if key not in old and key in defaults and new[key] == defaults[key]:
@@ -364,7 +364,7 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     metrics_path = out / "metrics.jsonl"
     history: list[dict] = []
     best = None  # the model state of the best round so far (first of equals, as summarize)
-    accountant = Accountant(cfg, exp.dataset.num_classes)
+    accountant = Accountant(cfg, exp.dataset.num_classes, exp.algorithm)
     if state is not None:
         start = exp.restore(state)
         best = state.get("best")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from neurofed.config import Section, boolean, choice, number, register_section
 from neurofed.models.spec import ZOO, Layer, register_topology, topology
 from neurofed.models import hifi_cnn as _hifi_cnn  # noqa: F401,E402  registers SFedHIFI's CNN (issue 7)
 from neurofed.models import paper_nets as _paper_nets  # noqa: F401,E402  SFedCA's nets, spiking ResNet-18
@@ -34,5 +35,45 @@ def build_run_model(cfg: dict, dataset, width: float | None = None):
     return build_model(model_cfg, dataset.input_shape, dataset.num_classes, cfg["federation"]["logit_scale"])
 
 
-__all__ = ["Layer", "ZOO", "register_topology", "topology", "build_model", "build_run_model", "model_names",
+MODEL_DEFAULTS: dict = {
+    "name": "cnn",
+    "kind": "snn",  # snn | ann (the ANN twin: same topology, ReLU)
+    "width": 1.0,
+    "threshold": 1.25,
+    "current_decay": 0.25,
+    "voltage_decay": 0.03,
+    "tau_grad": 0.1,
+    "scale_grad": 1.0,
+    "weight_norm": False,
+    "quantize": True,  # 8-bit weights as on Loihi (SLAYER's quantize_8bit hook)
+    "dropout": 0.0,
+    "delay_shift": True,  # SLAYER's one-step delay per block (Lava's timing); false: the papers' T
+    # factorized convolutions (hifi_cnn; SFedHIFI Eq. 4): bank elements per width-1 output
+    # channel, channels per group per width-1 channel (the authors' values); factorization:
+    # output (Eq. 4: B groups output channels) | input (the authors' code: input channels)
+    "bank_fraction": 0.25,
+    "group_fraction": 0.125,
+    "factorization": "output",
+}
+
+
+register_section(Section("model", MODEL_DEFAULTS, lambda: {
+    "model.name": choice(model_names()),
+    "model.kind": choice(MODEL_KINDS),
+    "model.width": number(0, 1, lo_open=True),
+    "model.threshold": number(0, lo_open=True),
+    "model.current_decay": number(0, 1),
+    "model.voltage_decay": number(0, 1),
+    "model.tau_grad": number(0, lo_open=True),
+    "model.scale_grad": number(0, lo_open=True),
+    "model.weight_norm": boolean,
+    "model.quantize": boolean,
+    "model.dropout": number(0, 1),
+    "model.delay_shift": boolean,
+    "model.bank_fraction": number(0, 1, lo_open=True),
+    "model.group_fraction": number(0, 1, lo_open=True),
+    "model.factorization": choice(("output", "input")),
+}))
+
+__all__ = ["MODEL_DEFAULTS", "Layer", "ZOO", "register_topology", "topology", "build_model", "build_run_model", "model_names",
            "MODEL_KINDS"]
