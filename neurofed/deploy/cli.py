@@ -1,4 +1,5 @@
-"""``neurofed export RUN_DIR`` and ``neurofed lava RUN_DIR --samples N``."""
+"""``neurofed export RUN_DIR [--format netx|nir]``, ``neurofed lava RUN_DIR --samples N``
+and ``neurofed nir RUN_DIR --sim snntorch|norse``."""
 
 from __future__ import annotations
 
@@ -13,9 +14,21 @@ def round_arg(p) -> None:
 
 
 def cmd_export(args) -> int:
+    if args.format == "nir":
+        from neurofed.deploy.nir_export import export_nir_run
+
+        export_nir_run(args.run_dir)
+        return 0
     from neurofed.deploy.export import export_run
 
     export_run(args.run_dir, profile=args.profile, model_round=args.round)
+    return 0
+
+
+def cmd_nir(args) -> int:
+    from neurofed.deploy.nir_run import run_nir
+
+    run_nir(args.run_dir, samples=args.samples, sim=args.sim, quiet=args.quiet)
     return 0
 
 
@@ -33,6 +46,9 @@ def add_commands(sub) -> None:
     p.add_argument("--profile", default=DEFAULT_PROFILE,
                    help=f"hardware profile in hw_profiles/ (name or YAML path; default {DEFAULT_PROFILE})")
     round_arg(p)
+    p.add_argument("--format", default="netx", choices=("netx", "nir"),
+                   help="netx: RUN_DIR/model.net for Lava/Loihi (default); nir: RUN_DIR/model.nir, a NIR graph "
+                        "(snnTorch, Norse, Rockpool, Sinabs, Spyx, ...)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("lava", help="run test samples through RUN_DIR/model.net on Lava and compare with torch "
@@ -44,3 +60,11 @@ def add_commands(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     round_arg(p)
     p.set_defaults(func=cmd_lava)
+
+    p = sub.add_parser("nir", help="run test samples through RUN_DIR/model.nir in another simulator's NIR importer "
+                                   "and compare with torch (writes RUN_DIR/nir.json)")
+    p.add_argument("run_dir", help="directory of a finished `neurofed run`")
+    p.add_argument("--samples", type=int, default=200, help="test samples to run (default 200)")
+    p.add_argument("--sim", default="snntorch", help="snntorch (default) or norse")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.set_defaults(func=cmd_nir)

@@ -1,0 +1,344 @@
+"""The global model as a NIR graph (``RUN_DIR/model.nir``): the Neuromorphic
+Intermediate Representation that snnTorch, Norse, Rockpool, Sinabs, Spyx and
+SpiNNaker2's tools read.
+
+One node per synapse and one per neuron layer, in a chain:
+``input -> conv1 -> conv1_lif -> pool1 -> pool1_lif -> ... -> flatten -> fc1 -> fc1_lif -> ... -> output``.
+
+- **Synapses**: ``Conv2d`` (zero bias: SLAYER synapses have none) and ``Linear``
+  with the 8-bit weights at their real scale (the integer weight netx receives
+  divided by the neuron's weight scale, 64: the values SLAYER's forward pass uses).
+- **Pools** as the convolutions the netx export writes
+  (:func:`neurofed.deploy.export.pool_as_conv_weight`): exact, each output channel
+  sees only its own input channel through the pool weight. Written with one group
+  (the block-diagonal weight, zeros between channels): nir 1.0.8 takes a Conv2d's
+  input channels from ``weight.shape[1]`` whatever ``groups`` says, so a grouped
+  convolution fails NIR's own type check and ``nir.read``.
+- **Flatten** over all non-batch dimensions (``start_dim=0``: NIR types carry no
+  batch dimension), C, H, W order as SLAYER's.
+- **CubaLIF** for SLAYER's CUBA neurons, parameters from the device parameters
+  (``iDecay``, ``vDecay``, ``vThMant``) and the fixed-point scales. SLAYER (and
+  Loihi) step, with ``c = iDecay/4096`` and ``d = vDecay/4096``:
+
+      i[t] = (1 - c) i[t-1] + x[t]          x = W s, the weighted input spikes
+      v[t] = (1 - d) v[t-1] + i[t]
+      s[t] = v[t] > θ,  then v[t] = 0       θ = vThMant / 64
+
+  NIR's CubaLIF is continuous: τ_syn dI/dt = -I + w_in S, τ_mem dv/dt = (v_leak - v) + R I,
+  spike when v > v_threshold, then v = v_reset. One forward-Euler step of length Δt
+  gives  I += Δt/τ_syn (w_in S - I)  and  v += Δt/τ_mem (R I - v),  which is SLAYER's
+  step exactly when
+
+      τ_syn = Δt / c,   w_in = τ_syn / Δt = 1 / c    (the input enters at weight 1)
+      τ_mem = Δt / d,   R    = τ_mem / Δt = 1 / d    (the current enters v at weight 1)
+      v_threshold = θ,  v_reset = 0,  v_leak = 0.
+
+  Δt, one SLAYER step, is :data:`STEP_SECONDS` = 0.1 ms: NIR's times are seconds,
+  and snnTorch's importer steps at 0.1 ms (hard-coded); Norse's takes ``dt``, given
+  the same. The graph's metadata records it (``dt``). Both importers integrate with
+  this Euler step, so they run SLAYER's dynamics up to arithmetic: float32 there,
+  SLAYER's 64-bit fixed point (decays applied with truncation toward zero at 1/4096
+  resolution) here. An importer that discretises exactly (decay exp(-Δt/τ)) would
+  see decays of 0.221 and 0.0296 instead of 0.25 and 0.0300.
+- **Latency**: a SLAYER block delays its output by one step (``delay_shift``, the
+  synapse buffer of Loihi); NIR simulators pass spikes through the whole graph
+  within a step. The graph has no delay nodes (neither importer loads NIR's
+  ``Delay``): it runs the same dynamics, and SLAYER's output of the k-th neuron
+  layer (k = 1, 2, ...) is the graph's k steps later. The metadata records that lag
+  per neuron layer (``latency_steps``) so that a reader can line the two up
+  (``neurofed nir`` does).
+
+Refused, with the reason (:func:`nir_problems`): ANN models, blocks other than
+SLAYER's CUBA Conv/Pool/Flatten/Dense (residual, ALIF, sigma-delta ...), learned
+axonal delays, batch norm, graded spikes, pools that do not tile their input, and
+zero decays (no finite τ).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from neurofed.deploy import DeployError
+
+NIR_FILE = "model.nir"
+FORMAT = "neurofed-nir-1"
+STEP_SECONDS = 1e-4  # one SLAYER step in NIR's seconds: the step snnTorch's importer assumes
+SUPPORTED_KINDS = ("conv", "pool", "flatten", "dense")
+
+
+def _nir():
+    try:
+        import nir
+    except ModuleNotFoundError:
+        raise DeployError("the NIR export needs the 'nir' package (pip install nir==1.0.8; `make setup` installs it)") \
+            from None
+    return nir
+
+
+# ----------------------------------------------------------------------------- what NIR cannot hold
+
+
+def nir_problems(model) -> list[str]:
+    """Why this model cannot be written as the NIR graph above (empty when it can)."""
+    if getattr(model, "kind", "snn") != "snn":
+        return [f"model.kind is {model.kind!r}: only spiking models export to NIR"]
+    from neurofed.deploy.constraints import _slayer_classes
+
+    classes, neuron_cls = _slayer_classes()
+    problems = []
+    for i, (layer, block) in enumerate(zip(model.layers, model.blocks)):
+        where = f"layer {i} ({layer.kind})"
+        if layer.kind not in SUPPORTED_KINDS:
+            problems.append(f"{where}: no NIR mapping for this layer kind; supported: {', '.join(SUPPORTED_KINDS)}")
+            continue
+        if type(block) is not classes[layer.kind] and not getattr(block, "exports_as_base", False):
+            problems.append(f"{where}: block {type(block).__name__} is not SLAYER's cuba.{classes[layer.kind].__name__}; "
+                            f"the NIR export maps feed-forward CUBA blocks only (a residual block's skip path, "
+                            f"ALIF's adaptive threshold, sigma-delta units have no CubaLIF equivalent)")
+            continue
+        if layer.kind == "flatten":
+            continue
+        neuron = block.neuron
+        if type(neuron) is not neuron_cls:
+            problems.append(f"{where}: neuron {type(neuron).__name__} is not CUBA-LIF; NIR's CubaLIF is the only "
+                            f"neuron this export writes")
+            continue
+        if getattr(block, "delay", None) is not None:
+            problems.append(f"{where}: learned axonal delays would need NIR Delay nodes, which the simulators' NIR "
+                            f"importers (snnTorch, Norse) do not load; train without delays")
+        if getattr(neuron, "norm", None) is not None:
+            problems.append(f"{where}: batch norm of the current has no NIR CubaLIF parameter; train without it")
+        if getattr(neuron, "graded_spike", False):
+            problems.append(f"{where}: graded spikes: NIR neurons emit binary spikes")
+        params = neuron.device_params
+        for key, name in (("iDecay", "current_decay"), ("vDecay", "voltage_decay")):
+            if np.any(np.asarray(params[key]) <= 0):
+                problems.append(f"{where}: {name} 0 (no decay) has no finite NIR time constant "
+                                f"(τ = Δt / decay); use a decay > 0")
+        if layer.kind == "pool":
+            c, h, w = layer.in_shape
+            k, s = layer.kernel, layer.stride
+            if s != k or layer.padding or h % k or w % k:
+                problems.append(f"{where}: kernel {k}, stride {s}, padding {layer.padding} on {h}x{w}: the "
+                                f"grouped-convolution form of a pool is exact only when it tiles its input "
+                                f"(stride == kernel, no padding, sizes a multiple of the kernel)")
+    return problems
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def _per_neuron(value, shape: tuple) -> np.ndarray:
+    """A neuron parameter (shared scalar, or one per channel) as an array of ``shape``."""
+    a = np.asarray(value, dtype=np.float64).reshape(-1)
+    if a.size == 1:
+        return np.full(shape, float(a[0]))
+    return np.broadcast_to(a.reshape((-1,) + (1,) * (len(shape) - 1)), shape).copy()
+
+
+def cuba_lif_params(neuron, shape: tuple, dt: float = STEP_SECONDS) -> dict[str, np.ndarray]:
+    """NIR CubaLIF parameters (arrays of ``shape``) of a SLAYER CUBA neuron; derivation
+    in the module docstring."""
+    p = neuron.device_params
+    c = _per_neuron(p["iDecay"], shape) / neuron.p_scale  # decays are 12-bit fractions
+    d = _per_neuron(p["vDecay"], shape) / neuron.p_scale
+    return {
+        "tau_syn": dt / c,
+        "tau_mem": dt / d,
+        "r": 1.0 / d,
+        "v_leak": np.zeros(shape),
+        "v_threshold": _per_neuron(p["vThMant"], shape) / neuron.w_scale,
+        "v_reset": np.zeros(shape),
+        "w_in": 1.0 / c,
+    }
+
+
+def _real_weight(block) -> np.ndarray:
+    """The 8-bit weights as SLAYER's forward pass uses them (integer / 64), without
+    SLAYER's trailing time-kernel axis."""
+    from neurofed.deploy.constraints import integer_weight
+
+    with torch.no_grad():
+        w = integer_weight(block.synapse).double() / block.neuron.w_scale
+    return w[..., 0].cpu().numpy()
+
+
+# ----------------------------------------------------------------------------- the graph
+
+
+def node_names(model) -> list[tuple[str, str | None]]:
+    """Per layer of ``model.layers``: (synapse node, neuron node); a flatten is one node."""
+    from neurofed.energy.ops import layer_names
+
+    out = []
+    flat = 0
+    for name, layer in zip(layer_names(model.layers), model.layers):
+        if layer.kind == "flatten":
+            flat += 1
+            out.append((f"flatten{flat}" if flat > 1 else "flatten", None))
+        else:
+            out.append((name, f"{name}_lif"))
+    return out
+
+
+def to_nir(model, dt: float = STEP_SECONDS, meta: dict | None = None):
+    """The NIR graph of ``model`` (refuses what NIR cannot hold, :func:`nir_problems`)."""
+    nir = _nir()
+    from neurofed.deploy.export import pool_as_conv_weight
+
+    problems = nir_problems(model)
+    if problems:
+        raise DeployError("\n".join(["the model cannot be written as NIR:"] + problems))
+    nodes = {"input": nir.Input(input_type={"input": np.array(model.layers[0].in_shape)})}
+    edges = []
+    prev = "input"
+    latency = 0
+    latencies = []
+    for (syn_name, lif_name), layer, block in zip(node_names(model), model.layers, model.blocks):
+        if layer.kind == "flatten":
+            nodes[syn_name] = nir.Flatten(input_type={"input": np.array(layer.in_shape)}, start_dim=0, end_dim=-1)
+        elif layer.kind == "dense":
+            nodes[syn_name] = nir.Linear(weight=_real_weight(block).reshape(layer.out_shape[0], -1))
+        else:
+            w = _real_weight(block)
+            syn = block.synapse
+            groups = int(getattr(syn, "groups", 1))
+            if layer.kind == "pool":
+                # groups=1: nir 1.0.8's Conv2d takes its input channels from weight.shape[1]
+                # whatever ``groups`` says, so a grouped conv fails NIR's own type check.
+                # The block-diagonal weight is the same pool (zeros between channels).
+                groups = 1
+                w = pool_as_conv_weight(w.reshape(w.shape[-2:]), layer.in_shape[0], groups)
+            nodes[syn_name] = nir.Conv2d(
+                input_shape=tuple(layer.in_shape[1:]), weight=w, stride=tuple(syn.stride[:2]),
+                padding=tuple(syn.padding[:2]), dilation=tuple(syn.dilation[:2]), groups=groups,
+                bias=np.zeros(w.shape[0]))
+        edges.append((prev, syn_name))
+        prev = syn_name
+        if lif_name is not None:
+            nodes[lif_name] = nir.CubaLIF(**cuba_lif_params(block.neuron, tuple(layer.out_shape), dt))
+            edges.append((prev, lif_name))
+            prev = lif_name
+            latency += int(bool(getattr(block, "delay_shift", False)))
+            latencies.append(latency)
+    nodes["output"] = nir.Output(output_type={"output": np.array(model.layers[-1].out_shape)})
+    edges.append((prev, "output"))
+    metadata = {"format": FORMAT, "dt": float(dt), "latency_steps": json.dumps(latencies),
+                "layers": json.dumps([l.kind for l in model.layers]),
+                **{k: (v if isinstance(v, (int, float, str)) else json.dumps(v)) for k, v in (meta or {}).items()}}
+    return nir.NIRGraph(nodes=nodes, edges=edges, metadata=metadata)
+
+
+def write_nir(model, path: str | Path, meta: dict | None = None, dt: float = STEP_SECONDS) -> Path:
+    """Write ``model``'s NIR graph to ``path`` (beside it, then moved into place)."""
+    nir = _nir()
+    graph = to_nir(model, dt=dt, meta=meta)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    nir.write(tmp, graph)
+    os.replace(tmp, path)
+    return path
+
+
+def graph_meta(graph) -> dict:
+    """The graph's metadata, strings decoded and JSON lists parsed."""
+    out = {}
+    for k, v in (getattr(graph, "metadata", None) or {}).items():
+        if isinstance(v, bytes):
+            v = v.decode("utf8")
+        if isinstance(v, np.generic):
+            v = v.item()
+        if isinstance(v, str) and v[:1] in "[{":
+            try:
+                v = json.loads(v)
+            except ValueError:
+                pass
+        out[k] = v
+    return out
+
+
+def read_nir(path: str | Path, model=None):
+    """Read a graph written by :func:`write_nir`; with ``model``, check it holds that
+    model's nodes with the right shapes (a stale or foreign file makes every
+    comparison meaningless). Returns the ``nir.NIRGraph``."""
+    nir = _nir()
+    path = Path(path)
+    if not path.is_file():
+        raise DeployError(f"{path}: not found; write it with `neurofed export RUN_DIR --format nir`")
+    try:
+        graph = nir.read(path)
+    except Exception as exc:  # h5py, missing keys, type check: all mean a damaged or foreign file
+        raise DeployError(f"{path}: not a readable NIR graph ({type(exc).__name__}: {exc}); "
+                          f"re-run `neurofed export RUN_DIR --format nir`") from None
+    if graph_meta(graph).get("format") != FORMAT:
+        raise DeployError(f"{path}: not written by `neurofed export --format nir` (no {FORMAT!r} format tag)")
+    if model is not None:
+        for (syn, lif), layer in zip(node_names(model), model.layers):
+            for name, shape in ((syn, None), (lif, tuple(layer.out_shape))):
+                if name is None:
+                    continue
+                node = graph.nodes.get(name)
+                got = None if node is None else tuple(int(x) for x in node.output_type["output"])
+                if node is None or (shape is not None and got != shape):
+                    raise DeployError(f"{path}: node {name!r} is {got or 'missing'}, the run's model has "
+                                      f"{shape or layer.kind}; the file is stale or foreign — re-run "
+                                      f"`neurofed export RUN_DIR --format nir`")
+    return graph
+
+
+# ----------------------------------------------------------------------------- energy
+
+
+def synaptic_ops(graph, input_maps: dict) -> dict[str, float]:
+    """Per synapse node of ``graph`` (Conv2d, Linear, Affine): the synaptic operations
+    of ``input_maps[name]`` (the node's input spike counts summed over samples and
+    steps, NIR's unbatched shape), counted from the graph's own weights: every input
+    spike costs one accumulate per output neuron it reaches through a nonzero weight.
+    The rule of :mod:`neurofed.energy.ops`, applied to the NIR nodes (a pool is its
+    grouped convolution here)."""
+    import torch.nn.functional as F
+
+    nir = _nir()
+    out = {}
+    for name, s in input_maps.items():
+        node = graph.nodes[name]
+        s = torch.as_tensor(np.asarray(s), dtype=torch.float64)
+        mask = torch.as_tensor(np.asarray(node.weight) != 0, dtype=torch.float64)
+        if isinstance(node, nir.Conv2d):
+            reached = F.conv2d(s[None], mask, stride=tuple(node.stride), padding=tuple(node.padding),
+                               dilation=tuple(node.dilation), groups=int(node.groups))
+            out[name] = float(reached.sum())
+        elif isinstance(node, (nir.Linear, nir.Affine)):
+            out[name] = float(s.reshape(-1) @ mask.sum(0))
+        else:
+            raise DeployError(f"node {name!r} ({type(node).__name__}) has no synapses to count")
+    return out
+
+
+# ----------------------------------------------------------------------------- a run
+
+
+def export_nir_run(run_dir: str | Path, quiet: bool = False) -> Path:
+    """Write the global model of ``run_dir`` to ``run_dir/model.nir``."""
+    from neurofed.deploy.export import load_global_model
+
+    run_dir = Path(run_dir)
+    model, cfg, _, rnd = load_global_model(run_dir)
+    data = cfg["data"]
+    meta = {"model": cfg["model"]["name"], "width": float(cfg["model"]["width"]), "timesteps": int(data["timesteps"]),
+            "encoding": data["encoding"], "dataset": data["name"], "round": int(rnd)}
+    path = write_nir(model, run_dir / NIR_FILE, meta=meta)
+    if not quiet:
+        n = sum(1 for l in model.layers if l.has_neurons)
+        print(f"NIR graph ({n} CubaLIF layers, one step = {STEP_SECONDS * 1e3:g} ms) -> {path}")
+    return path
+
+
+__all__ = ["NIR_FILE", "STEP_SECONDS", "nir_problems", "cuba_lif_params", "to_nir", "write_nir", "read_nir",
+           "graph_meta", "node_names", "synaptic_ops", "export_nir_run"]

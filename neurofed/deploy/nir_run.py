@@ -1,0 +1,399 @@
+"""Run the exported NIR graph in other simulators and compare it with torch.
+
+``neurofed nir RUN_DIR --sim snntorch|norse``: the simulator's own NIR importer
+loads ``RUN_DIR/model.nir`` (snnTorch's ``import_from_nir``, Norse's ``from_nir``
+at the graph's ``dt``), and the test samples run through it one step at a time
+on the input spikes ``neurofed lava`` uses (same seed, :func:`lava_run.input_spikes`),
+against the same torch reference (:func:`lava_run.torch_reference`).
+
+NIR types carry no batch dimension, and both importers map the graph's Flatten
+(``start_dim=0``) to ``torch.nn.Flatten(0, -1)``, so samples run one at a time,
+unbatched, each from a fresh state.
+
+Time alignment: SLAYER delays every block's output by one step; the NIR graph does
+not (see :mod:`nir_export`). A neuron layer whose SLAYER output lags by k steps
+(``latency_steps`` in the graph's metadata) is counted over the graph's steps
+0 .. T-1-k, which hold exactly the spikes torch counts over its T steps, and its
+raster checksum weighs graph step t as torch step t+k. ``agreement`` is then the
+fair comparison; ``agreement_full_window`` counts the output over all T steps, as a
+user who runs the graph for T steps and reads every spike would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from neurofed.deploy import DeployError
+from neurofed.deploy.lava_run import SpikeStats, _cpus, check_encoding, input_spikes, layer_seeds, predict, \
+    torch_reference
+from neurofed.deploy.nir_export import NIR_FILE, export_nir_run, graph_meta, node_names, read_nir, synaptic_ops
+from neurofed.fl.seeds import seed_for
+
+RESULT_FILE = "nir.json"  # {simulator: result}
+
+
+@dataclass
+class Simulator:
+    name: str
+    package: str
+    load: Callable  # (graph, dt) -> torch module
+    step: Callable  # (module, x, state) -> state
+    reset: Callable  # (module) -> initial state
+
+
+def _load_snntorch(graph, dt):
+    # snnTorch steps at 0.1 ms whatever the graph's dt; refuse a graph written for another step
+    if not np.isclose(dt, 1e-4):
+        raise DeployError(f"snnTorch's NIR importer steps at 0.1 ms; this graph's dt is {dt} s")
+    with contextlib.redirect_stdout(io.StringIO()):  # the importer prints its progress
+        from snntorch.import_nir import import_from_nir
+
+        return import_from_nir(graph)
+
+
+def _reset_snntorch(net):
+    from snntorch.utils import reset
+
+    reset(net)  # init_hidden neurons keep their state inside the module
+    return None
+
+
+def _step_snntorch(net, x, state):
+    net(x)
+    return None
+
+
+def _load_norse(graph, dt):
+    import warnings
+
+    from norse.torch import from_nir
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # from_nir uses nirtorch.load
+        return from_nir(graph, dt=dt)
+
+
+def _step_norse(net, x, state):
+    return net(x, state)[1]
+
+
+SIMULATORS = {
+    "snntorch": Simulator("snntorch", "snntorch", _load_snntorch, _step_snntorch, _reset_snntorch),
+    "norse": Simulator("norse", "norse", _load_norse, _step_norse, lambda net: None),
+}
+
+
+def get_simulator(name: str) -> Simulator:
+    if name not in SIMULATORS:
+        raise DeployError(f"--sim: got {name!r}; allowed: {', '.join(SIMULATORS)}")
+    sim = SIMULATORS[name]
+    try:
+        __import__(sim.package)
+    except ModuleNotFoundError:
+        raise DeployError(f"--sim {name}: the package {sim.package!r} is not installed (`make setup` installs it)") \
+            from None
+    return sim
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass
+class NirStats(SpikeStats):
+    output_full: np.ndarray  # (N, K) output spikes over all T graph steps (no alignment)
+    mismatch: np.ndarray  # (N, L) (neuron, step) entries where the graph's raster differs from torch's
+
+
+@torch.no_grad()
+def _torch_rasters(model, x: torch.Tensor) -> list[torch.Tensor]:
+    """Per spiking layer, SLAYER's output spikes (n, neurons, T) for the input ``x``."""
+    out = []
+    for layer, block in zip(model.layers, model.blocks):
+        x = block(x)
+        if layer.has_neurons:
+            out.append((x.reshape(len(x), -1, x.shape[-1]) != 0).double())
+    return out
+
+
+@torch.no_grad()
+def simulate(graph, sim: Simulator, spikes: np.ndarray, seed: int, lif_names: list[str], model,
+             progress: bool = False, chunk: int = 32) -> tuple[NirStats, float]:
+    """Run ``spikes`` (N, C, H, W, T) through ``graph`` in ``sim``, one unbatched sample
+    at a time; per neuron layer (``lif_names``): counts, raster checksums, per-neuron
+    totals over the aligned window (module docstring), and the raster entries that
+    differ from ``model``'s (torch) spikes. Returns the statistics and the load time."""
+    from neurofed.deploy.lava_procs.streaming import raster_weights
+
+    meta = graph_meta(graph)
+    dt = float(meta.get("dt", 1e-4))
+    lag = [int(k) for k in meta.get("latency_steps", [0] * len(lif_names))]
+    t0 = time.perf_counter()
+    net = sim.load(graph, dt)
+    load_s = time.perf_counter() - t0
+    net.eval()
+    model.eval()
+    n, t = spikes.shape[0], spikes.shape[-1]
+    shapes = [tuple(int(x) for x in graph.nodes[name].output_type["output"]) for name in lif_names]
+    weights = [torch.from_numpy(raster_weights(s, shape, t)).double().reshape(-1, t)
+               for s, shape in zip(layer_seeds(seed, len(lif_names)), shapes)]
+    modules = dict(net.named_modules())
+    missing = [name for name in lif_names if name not in modules]
+    if missing:
+        raise DeployError(f"--sim {sim.name}: the imported network has no module for node(s) {', '.join(missing)}")
+    step_spikes: list = [None] * len(lif_names)
+
+    def hook(j):
+        def record(module, inputs, output):
+            z = output[0] if isinstance(output, tuple) else output
+            step_spikes[j] = (z.detach() != 0).double().reshape(-1)
+        return record
+
+    handles = [modules[name].register_forward_hook(hook(j)) for j, name in enumerate(lif_names)]
+    counts = np.zeros((n, len(lif_names)), dtype=np.int64)
+    sums = np.zeros_like(counts)
+    mismatch = np.zeros_like(counts)
+    totals = [torch.zeros(int(np.prod(s)), dtype=torch.float64) for s in shapes]
+    out_aligned = np.zeros((n, int(np.prod(shapes[-1]))), dtype=np.int64)
+    out_full = np.zeros_like(out_aligned)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n, desc=f"nir {sim.name}", unit="sample", dynamic_ncols=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one sample's tensors are tiny: threads only add synchronisation
+    try:
+        x_all = torch.from_numpy(spikes).float()
+        for start in range(0, n, chunk):
+            reference = _torch_rasters(model, x_all[start:start + chunk])
+            for i in range(start, min(start + chunk, n)):
+                state = sim.reset(net)
+                raster = [torch.zeros(int(np.prod(s)), t, dtype=torch.float64) for s in shapes]
+                for step in range(t):
+                    state = sim.step(net, x_all[i, ..., step], state)
+                    for j in range(len(lif_names)):
+                        raster[j][:, step] = step_spikes[j]
+                for j, r in enumerate(raster):
+                    k = lag[j]
+                    window = r[:, :t - k]  # graph step s is torch step s + k
+                    counts[i, j] = int(window.sum())
+                    sums[i, j] = int(round(float((window * weights[j][:, k:]).sum())))
+                    mismatch[i, j] = int((window != reference[j][i - start][:, k:]).sum())
+                    totals[j] += window.sum(1)
+                out_aligned[i] = raster[-1][:, :t - lag[-1]].sum(1).long().numpy()
+                out_full[i] = raster[-1].sum(1).long().numpy()
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        torch.set_num_threads(threads)
+        for h in handles:
+            h.remove()
+        if bar is not None:
+            bar.close()
+    stats = NirStats(counts, sums, out_aligned, [tot.reshape(s).long().numpy() for tot, s in zip(totals, shapes)],
+                     out_full, mismatch)
+    return stats, load_s
+
+
+def energy_rows(model, graph, spikes: np.ndarray, stats: SpikeStats, torch_stats: SpikeStats) -> list[dict]:
+    """Per synapse node: synaptic operations per sample counted on the NIR graph from
+    the simulator's spikes, next to neurofed's count (:mod:`neurofed.energy.ops`)
+    from torch's spikes."""
+    from neurofed.energy.ops import count_layers, synapse_masks
+
+    n = spikes.shape[0]
+    first = torch.from_numpy(spikes.sum((0, -1)).astype(np.float64))
+    names = node_names(model)
+
+    def maps(totals):
+        prev, per_layer, nir_maps = first, [], {}
+        j = 0
+        for (syn, lif), layer in zip(names, model.layers):
+            per_layer.append(prev.reshape(tuple(layer.in_shape)))
+            if lif is not None:
+                nir_maps[syn] = prev.reshape(tuple(layer.in_shape)).numpy()
+                prev = torch.from_numpy(np.asarray(totals[j], dtype=np.float64))
+                j += 1
+        return per_layer, nir_maps
+
+    _, nir_maps = maps(stats.neuron_totals)
+    sim_ops = synaptic_ops(graph, nir_maps)
+    torch_maps, _ = maps(torch_stats.neuron_totals)
+    from neurofed.deploy.export import fresh_copy
+
+    copy = fresh_copy(model)
+    with torch.no_grad():
+        copy(torch.zeros(1, *model.layers[0].in_shape, 2))  # weight norm recomputes weight on a forward
+    rows = count_layers(model.layers, torch_maps, [None] * len(model.layers), n, spikes.shape[-1],
+                        masks=synapse_masks(copy))
+    by_index = {r["index"]: r for r in rows}
+    out = []
+    for i, ((syn, lif), layer) in enumerate(zip(names, model.layers)):
+        if lif is None:
+            continue
+        out.append({"node": syn, "synaptic_ops": sim_ops[syn] / n,
+                    "torch_synaptic_ops": by_index[i]["synaptic_ops"]})
+    return out
+
+
+def compare(stats: NirStats, torch_stats: SpikeStats, labels: np.ndarray) -> dict:
+    ps, pt, pf = stats.predictions, torch_stats.predictions, predict(stats.output_full)
+    return {
+        "accuracy": float(np.mean(ps == labels)),
+        "torch_accuracy": float(np.mean(pt == labels)),
+        "agreement": float(np.mean(ps == pt)),
+        "accuracy_full_window": float(np.mean(pf == labels)),
+        "agreement_full_window": float(np.mean(pf == pt)),
+        "layer_count_agreement": np.mean(stats.counts == torch_stats.counts, 0).round(6).tolist(),
+        "layer_raster_agreement": np.mean(stats.checksums == torch_stats.checksums, 0).round(6).tolist(),
+        "layer_spike_ratio": (stats.counts.sum(0) / np.maximum(torch_stats.counts.sum(0), 1)).round(6).tolist(),
+        # differing (neuron, step) entries per torch spike, and per sample the first layer that differs
+        "layer_spike_mismatch": (stats.mismatch.sum(0) / np.maximum(torch_stats.counts.sum(0), 1)).round(6).tolist(),
+        "first_differing_layer": _first_differing(stats.mismatch),
+        "spike_for_spike": bool(not stats.mismatch.any() and np.array_equal(stats.output, torch_stats.output)),
+    }
+
+
+def _first_differing(mismatch: np.ndarray) -> list[int]:
+    """Samples whose first differing layer is 0, 1, ..., L-1, then samples identical everywhere."""
+    differs = mismatch > 0
+    first = np.where(differs.any(1), differs.argmax(1), mismatch.shape[1])
+    return np.bincount(first, minlength=mismatch.shape[1] + 1).tolist()
+
+
+def write_result(path: Path, sim: str, result: dict) -> None:
+    """``path`` holds one entry per simulator: this run's replaces ``sim``'s, the others stay."""
+    entries = {}
+    if path.is_file():
+        try:
+            entries = json.loads(path.read_text())
+        except ValueError:
+            entries = {}
+        if not isinstance(entries, dict) or not all(isinstance(v, dict) and "sim" in v for v in entries.values()):
+            entries = {}  # not ours: replaced
+    entries[sim] = result
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # one key per line; long lists (per-sample counts) stay on theirs
+    path.write_text("{\n" + ",\n".join(
+        f" {json.dumps(name)}: {{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in r.items()) + "\n }"
+        for name, r in entries.items()) + "\n}\n")
+
+
+def run_nir(run_dir: str | Path, samples: int = 200, sim: str = "snntorch", progress: bool = True,
+            quiet: bool = False, out: str | Path | None = None) -> dict:
+    """Run ``samples`` test samples of ``run_dir``'s ``model.nir`` in ``sim``; write the
+    result under ``sim`` in ``nir.json`` (or ``out``) and ``plots/nir_<sim>.png``.
+    Exports the graph first when the run has none."""
+    from neurofed.deploy.export import load_global_model
+
+    run_dir = Path(run_dir)
+    if not isinstance(samples, int) or samples < 1:
+        raise DeployError(f"--samples: got {samples!r}; expected a positive integer")
+    simulator = get_simulator(sim)
+    model, cfg, ds, rnd = load_global_model(run_dir)
+    check_encoding(cfg["data"])
+    path = run_dir / NIR_FILE
+    if not path.exists():
+        export_nir_run(run_dir, quiet=quiet)
+    graph = read_nir(path, model)
+    lif_names = [lif for _, lif in node_names(model) if lif is not None]
+
+    n = min(samples, len(ds.y_test))
+    seed = seed_for(cfg["seed"], "lava")  # the input spikes `neurofed lava` uses
+    spikes, notes = input_spikes(ds.x_test[:n], cfg["data"], seed)
+    labels = np.asarray(ds.y_test[:n])
+    t0 = time.perf_counter()
+    torch_stats = torch_reference(model, spikes, seed)
+    torch_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    stats, load_s = simulate(graph, simulator, spikes, seed, lif_names, model, progress=progress and not quiet)
+    run_s = time.perf_counter() - t1 - load_s
+
+    neurons = np.array(model.neurons_per_layer, dtype=np.float64)
+    t = spikes.shape[-1]
+    meta = graph_meta(graph)
+    result = {
+        "samples": n,
+        "sim": sim,
+        "sim_version": _version(simulator.package),
+        "nir_version": _version("nir"),
+        "round": rnd,
+        **compare(stats, torch_stats, labels),
+        "timesteps": t,
+        "dt": meta.get("dt"),
+        "latency_steps": meta.get("latency_steps"),
+        "layers": lif_names,
+        "neurons_per_layer": neurons.astype(int).tolist(),
+        "layer_spikes_mean": stats.counts.mean(0).round(4).tolist(),
+        "torch_layer_spikes_mean": torch_stats.counts.mean(0).round(4).tolist(),
+        "layer_firing_rates": (stats.counts.mean(0) / (neurons * t)).round(6).tolist(),
+        "energy": energy_rows(model, graph, spikes, stats, torch_stats),
+        "layer_spikes": stats.counts.tolist(),
+        "torch_layer_spikes": torch_stats.counts.tolist(),
+        "predictions": stats.predictions.tolist(),
+        "torch_predictions": torch_stats.predictions.tolist(),
+        "load_s": round(load_s, 4),
+        "run_s": round(run_s, 4),
+        "samples_per_s": round(n / run_s, 3) if run_s > 0 else None,
+        "torch_s": round(torch_s, 4),
+        **notes,
+        "machine": f"{_cpus()} CPU(s)",
+    }
+    if samples > n:
+        result["note"] = f"asked for {samples} samples; the test set has {n}"
+    dest = Path(out) if out else run_dir / RESULT_FILE
+    write_result(dest, sim, result)
+    plot_nir(result, run_dir / "plots" / f"nir_{sim}.png")
+    if not quiet:
+        print(summary_line(result) + f" -> {dest}")
+    return result
+
+
+def summary_line(r: dict) -> str:
+    return (f"nir {r['sim']} {r['sim_version']}: {r['samples']} samples, accuracy {r['accuracy']:.4f} "
+            f"(torch {r['torch_accuracy']:.4f}), prediction agreement {r['agreement']:.4f} "
+            f"(all {r['timesteps']} steps read: {r['agreement_full_window']:.4f}); layer rasters "
+            f"{', '.join(f'{a:.3f}' for a in r['layer_raster_agreement'])}; {r['samples_per_s']} samples/s")
+
+
+def plot_nir(result: dict, path: Path) -> Path:
+    """Mean spikes per sample per layer, torch vs the simulator, and per-layer raster agreement."""
+    import neurofed.plots  # noqa: F401  (selects the Agg backend)
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = result["layers"]
+    x = np.arange(len(names))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax.bar(x - 0.2, result["torch_layer_spikes_mean"], 0.4, label="torch (SLAYER)")
+    ax.bar(x + 0.2, result["layer_spikes_mean"], 0.4, label=f"{result['sim']} (NIR)")
+    ax.set_xticks(x, [n.removesuffix("_lif") for n in names])
+    ax.set_ylabel("spikes per sample")
+    ax.legend()
+    ax.grid(alpha=0.3, axis="y")
+    ax2.bar(x, 100 * np.asarray(result["layer_raster_agreement"]), 0.6, color="tab:green")
+    ax2.set_xticks(x, [n.removesuffix("_lif") for n in names])
+    ax2.set_ylabel("samples with identical raster (%)")
+    ax2.set_ylim(0, 105)
+    ax2.grid(alpha=0.3, axis="y")
+    fig.suptitle(f"{result['sim']}: {result['samples']} samples, accuracy {100 * result['accuracy']:.1f}% "
+                 f"(torch {100 * result['torch_accuracy']:.1f}%), agreement {100 * result['agreement']:.1f}%",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
