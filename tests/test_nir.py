@@ -255,12 +255,30 @@ def test_stale_or_foreign_nir_file_is_refused(tmp_path):
 # ----------------------------------------------------------------------------- a whole run
 
 
+def untrained_run(out, cfg) -> None:
+    """A run directory as `neurofed run` leaves it (config.yaml, checkpoint.pkl), holding
+    a freshly initialised global model: the commands below only read those two files."""
+    import pickle
+
+    import yaml
+
+    from neurofed.data import load_dataset
+    from neurofed.fl.params import ParamSpec
+    from neurofed.models import build_run_model
+
+    torch.manual_seed(0)
+    model = build_run_model(cfg, load_dataset(cfg["data"], cfg["seed"]))
+    out.mkdir()
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (out / "checkpoint.pkl").write_bytes(pickle.dumps({"server": {"params": ParamSpec.from_model(model).get(model)},
+                                                       "round": 0}))
+
+
 def test_cli_exports_nir_and_runs_both_simulators(tmp_path, tiny_cfg, capsys):
     from neurofed.cli import main
-    from neurofed.fl.runner import run
 
     out = tmp_path / "run"
-    run(tiny_cfg(), out, progress=False)
+    untrained_run(out, tiny_cfg(**{"model.threshold": 0.5}))
     assert main(["export", str(out), "--format", "nir"]) == 0
     assert (out / "model.nir").is_file() and not (out / "model.net").exists()
     for sim in SIMS:
