@@ -48,6 +48,9 @@ print(f'torch {torch.__version__}, CUDA {torch.version.cuda}: {torch.cuda.get_de
 fi
 $V -e ".[dev]"
 $V --no-deps --ignore-requires-python "lava-nc==0.10.0" "lava-dl==0.6.0"
+# Norse's NIR importer: its metadata asks for torchvision, which norse.torch never imports
+# (nir and nirtorch, its real dependencies, come with neurofed's).
+$V --no-deps "norse==1.1.0"
 "$VENV/bin/python" -c "import neurofed.compat as c; c.check_environment()"
 # Compile the fused CUBA kernels once now (cached; training falls back to stock SLAYER
 # with a warning if this ever fails), with every instruction-set variant this CPU runs
