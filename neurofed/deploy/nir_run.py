@@ -34,8 +34,7 @@ import numpy as np
 import torch
 
 from neurofed.deploy import DeployError
-from neurofed.deploy.lava_run import SpikeStats, _cpus, check_encoding, input_spikes, layer_seeds, predict, \
-    torch_reference
+from neurofed.deploy.lava_run import SpikeStats, _cpus, input_spikes, layer_seeds, predict, torch_reference
 from neurofed.deploy.nir_export import NIR_FILE, export_nir_run, graph_meta, node_names, read_nir, synaptic_ops
 from neurofed.fl.seeds import seed_for
 
@@ -305,7 +304,9 @@ def run_nir(run_dir: str | Path, samples: int = 200, sim: str = "snntorch", prog
         raise DeployError(f"--samples: got {samples!r}; expected a positive integer")
     simulator = get_simulator(sim)
     model, cfg, ds, rnd = load_global_model(run_dir)
-    check_encoding(cfg["data"])
+    if cfg["data"]["encoding"] not in ("rate", "events"):
+        raise DeployError(f"data.encoding is {cfg['data']['encoding']!r}: the comparison feeds the simulator and "
+                          f"torch the same binary input spikes (rate or events); analog input has none")
     path = run_dir / NIR_FILE
     if not path.exists():
         export_nir_run(run_dir, quiet=quiet)
