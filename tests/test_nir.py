@@ -256,22 +256,23 @@ def test_stale_or_foreign_nir_file_is_refused(tmp_path):
 
 
 def untrained_run(out, cfg) -> None:
-    """A run directory as `neurofed run` leaves it (config.yaml, checkpoint.pkl), holding
-    a freshly initialised global model: the commands below only read those two files."""
-    import pickle
-
+    """A run directory as `neurofed run` leaves it (config.yaml, model_last.npz,
+    model_best.npz), holding a freshly initialised global model: the commands below
+    only read those files."""
     import yaml
 
     from neurofed.data import load_dataset
     from neurofed.fl.params import ParamSpec
     from neurofed.models import build_run_model
+    from neurofed.runfiles import MODEL_BEST, MODEL_LAST, save_state
 
     torch.manual_seed(0)
     model = build_run_model(cfg, load_dataset(cfg["data"], cfg["seed"]))
     out.mkdir()
     (out / "config.yaml").write_text(yaml.safe_dump(cfg))
-    (out / "checkpoint.pkl").write_bytes(pickle.dumps({"server": {"params": ParamSpec.from_model(model).get(model)},
-                                                       "round": 0}))
+    params = np.asarray(ParamSpec.from_model(model).get(model), dtype=np.float32)
+    for name in (MODEL_LAST, MODEL_BEST):
+        save_state(out / name, {"round": 0, "accuracy": None, "params": params}, "model")
 
 
 def test_cli_exports_nir_and_runs_both_simulators(tmp_path, tiny_cfg, capsys):
@@ -279,7 +280,7 @@ def test_cli_exports_nir_and_runs_both_simulators(tmp_path, tiny_cfg, capsys):
 
     out = tmp_path / "run"
     untrained_run(out, tiny_cfg(**{"model.threshold": 0.5}))
-    assert main(["export", str(out), "--format", "nir"]) == 0
+    assert main(["export", str(out), "--format", "nir", "--round", "best"]) == 0
     assert (out / "model.nir").is_file() and not (out / "model.net").exists()
     for sim in SIMS:
         assert main(["nir", str(out), "--samples", "4", "--sim", sim, "--quiet"]) == 0

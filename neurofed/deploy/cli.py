@@ -17,7 +17,7 @@ def cmd_export(args) -> int:
     if args.format == "nir":
         from neurofed.deploy.nir_export import export_nir_run
 
-        export_nir_run(args.run_dir)
+        export_nir_run(args.run_dir, round=args.round)
         return 0
     from neurofed.deploy.export import export_run
 
@@ -28,7 +28,7 @@ def cmd_export(args) -> int:
 def cmd_nir(args) -> int:
     from neurofed.deploy.nir_run import run_nir
 
-    run_nir(args.run_dir, samples=args.samples, sim=args.sim, quiet=args.quiet)
+    run_nir(args.run_dir, samples=args.samples, sim=args.sim, quiet=args.quiet, round=args.round)
     return 0
 
 
@@ -67,4 +67,5 @@ def add_commands(sub) -> None:
     p.add_argument("--samples", type=int, default=200, help="test samples to run (default 200)")
     p.add_argument("--sim", default="snntorch", help="snntorch (default) or norse")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    round_arg(p)
     p.set_defaults(func=cmd_nir)

@@ -324,19 +324,21 @@ def synaptic_ops(graph, input_maps: dict) -> dict[str, float]:
 # ----------------------------------------------------------------------------- a run
 
 
-def export_nir_run(run_dir: str | Path, quiet: bool = False) -> Path:
-    """Write the global model of ``run_dir`` to ``run_dir/model.nir``."""
+def export_nir_run(run_dir: str | Path, quiet: bool = False, round: str | int = "last") -> Path:
+    """Write the global model of ``run_dir`` (of ``round``: best, last or a kept round's
+    number) to ``run_dir/model.nir``; the graph's metadata records the round."""
     from neurofed.deploy.export import load_global_model
 
     run_dir = Path(run_dir)
-    model, cfg, _, rnd = load_global_model(run_dir)
+    model, cfg, _, rnd = load_global_model(run_dir, round=round)
     data = cfg["data"]
     meta = {"model": cfg["model"]["name"], "width": float(cfg["model"]["width"]), "timesteps": int(data["timesteps"]),
             "encoding": data["encoding"], "dataset": data["name"], "round": int(rnd)}
     path = write_nir(model, run_dir / NIR_FILE, meta=meta)
     if not quiet:
         n = sum(1 for l in model.layers if l.has_neurons)
-        print(f"NIR graph ({n} CubaLIF layers, one step = {STEP_SECONDS * 1e3:g} ms) -> {path}")
+        print(f"NIR graph (global model of round {rnd}, {n} CubaLIF layers, one step = {STEP_SECONDS * 1e3:g} ms) "
+              f"-> {path}")
     return path
 
 

@@ -293,23 +293,23 @@ def write_result(path: Path, sim: str, result: dict) -> None:
 
 
 def run_nir(run_dir: str | Path, samples: int = 200, sim: str = "snntorch", progress: bool = True,
-            quiet: bool = False, out: str | Path | None = None) -> dict:
+            quiet: bool = False, out: str | Path | None = None, round: str | int = "last") -> dict:
     """Run ``samples`` test samples of ``run_dir``'s ``model.nir`` in ``sim``; write the
     result under ``sim`` in ``nir.json`` (or ``out``) and ``plots/nir_<sim>.png``.
-    Exports the graph first when the run has none."""
+    Exports the graph first when the run has none, or one of another round."""
     from neurofed.deploy.export import load_global_model
 
     run_dir = Path(run_dir)
     if not isinstance(samples, int) or samples < 1:
         raise DeployError(f"--samples: got {samples!r}; expected a positive integer")
     simulator = get_simulator(sim)
-    model, cfg, ds, rnd = load_global_model(run_dir)
+    model, cfg, ds, rnd = load_global_model(run_dir, round=round)
     if cfg["data"]["encoding"] not in ("rate", "events"):
         raise DeployError(f"data.encoding is {cfg['data']['encoding']!r}: the comparison feeds the simulator and "
                           f"torch the same binary input spikes (rate or events); analog input has none")
     path = run_dir / NIR_FILE
-    if not path.exists():
-        export_nir_run(run_dir, quiet=quiet)
+    if not path.exists() or graph_meta(read_nir(path)).get("round") != rnd:
+        export_nir_run(run_dir, quiet=quiet, round=rnd)
     graph = read_nir(path, model)
     lif_names = [lif for _, lif in node_names(model) if lif is not None]
 
