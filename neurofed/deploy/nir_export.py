@@ -93,6 +93,11 @@ def nir_problems(model) -> list[str]:
     problems = []
     for i, (layer, block) in enumerate(zip(model.layers, model.blocks)):
         where = f"layer {i} ({layer.kind})"
+        if getattr(block, "export_refusal", None) and "residual" in type(block).__name__.lower():
+            problems.append(f"{where}: residual connection: SLAYER's main path reaches the join one step after the "
+                            f"shortcut (one block's delay); a NIR graph without Delay nodes would add them in the "
+                            f"same step, and the simulators' NIR importers (snnTorch, Norse) do not load Delay")
+            continue
         if layer.kind not in SUPPORTED_KINDS:
             problems.append(f"{where}: no NIR mapping for this layer kind; supported: {', '.join(SUPPORTED_KINDS)}")
             continue

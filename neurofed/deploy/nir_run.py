@@ -21,6 +21,7 @@ user who runs the graph for T steps and reads every spike would.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import io
 import json
@@ -347,10 +348,11 @@ def run_nir(run_dir: str | Path, samples: int = 200, sim: str = "snntorch", prog
         "torch_layer_spikes": torch_stats.counts.tolist(),
         "predictions": stats.predictions.tolist(),
         "torch_predictions": torch_stats.predictions.tolist(),
-        "load_s": round(load_s, 4),
-        "run_s": round(run_s, 4),
-        "samples_per_s": round(n / run_s, 3) if run_s > 0 else None,
-        "torch_s": round(torch_s, 4),
+        # builtins.round: `round` is the model round in this function
+        "load_s": builtins.round(load_s, 4),
+        "run_s": builtins.round(run_s, 4),
+        "samples_per_s": builtins.round(n / run_s, 3) if run_s > 0 else None,
+        "torch_s": builtins.round(torch_s, 4),
         **notes,
         "machine": f"{_cpus()} CPU(s)",
     }
