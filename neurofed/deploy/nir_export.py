@@ -48,10 +48,12 @@ One node per synapse and one per neuron layer, in a chain:
   per neuron layer (``latency_steps``) so that a reader can line the two up
   (``neurofed nir`` does).
 
-Refused, with the reason (:func:`nir_problems`): ANN models, blocks other than
-SLAYER's CUBA Conv/Pool/Flatten/Dense (residual, ALIF, sigma-delta ...), learned
-axonal delays, batch norm, graded spikes, pools that do not tile their input, and
-zero decays (no finite τ).
+Refused, with the reason (:func:`nir_problems`): ANN models; residual joins (the
+main path reaches the join a step after the shortcut in SLAYER, in the same step in
+a graph without Delay nodes); blocks other than SLAYER's CUBA Conv/Pool/Flatten/Dense
+(ALIF, sigma-delta ...); learned axonal delays (Delay nodes, which the importers do not
+load); batch norm; graded spikes; pools that do not tile their input; zero decays (no
+finite τ).
 """
 
 from __future__ import annotations
