@@ -17,7 +17,7 @@ def cmd_export(args) -> int:
     if args.format == "nir":
         from neurofed.deploy.nir_export import export_nir_run
 
-        export_nir_run(args.run_dir, round=args.round)
+        export_nir_run(args.run_dir, model_round=args.round)
         return 0
     from neurofed.deploy.export import export_run
 
@@ -28,7 +28,7 @@ def cmd_export(args) -> int:
 def cmd_nir(args) -> int:
     from neurofed.deploy.nir_run import run_nir
 
-    run_nir(args.run_dir, samples=args.samples, sim=args.sim, quiet=args.quiet, round=args.round)
+    run_nir(args.run_dir, samples=args.samples, sim=args.sim, quiet=args.quiet, model_round=args.round)
     return 0
 
 

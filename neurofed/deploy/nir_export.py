@@ -331,13 +331,13 @@ def synaptic_ops(graph, input_maps: dict) -> dict[str, float]:
 # ----------------------------------------------------------------------------- a run
 
 
-def export_nir_run(run_dir: str | Path, quiet: bool = False, round: str | int = "last") -> Path:
-    """Write the global model of ``run_dir`` (of ``round``: best, last or a kept round's
-    number) to ``run_dir/model.nir``; the graph's metadata records the round."""
+def export_nir_run(run_dir: str | Path, quiet: bool = False, model_round: str | int = "last") -> Path:
+    """Write the global model of ``run_dir`` (of ``model_round``: best, last or a kept
+    round's number) to ``run_dir/model.nir``; the graph's metadata records the round."""
     from neurofed.deploy.export import load_global_model
 
     run_dir = Path(run_dir)
-    model, cfg, _, rnd = load_global_model(run_dir, round=round)
+    model, cfg, _, rnd = load_global_model(run_dir, model_round=model_round)
     data = cfg["data"]
     meta = {"model": cfg["model"]["name"], "width": float(cfg["model"]["width"]), "timesteps": int(data["timesteps"]),
             "encoding": data["encoding"], "dataset": data["name"], "round": int(rnd)}

@@ -21,7 +21,6 @@ user who runs the graph for T steps and reads every spike would.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import io
 import json
@@ -294,7 +293,7 @@ def write_result(path: Path, sim: str, result: dict) -> None:
 
 
 def run_nir(run_dir: str | Path, samples: int = 200, sim: str = "snntorch", progress: bool = True,
-            quiet: bool = False, out: str | Path | None = None, round: str | int = "last") -> dict:
+            quiet: bool = False, out: str | Path | None = None, model_round: str | int = "last") -> dict:
     """Run ``samples`` test samples of ``run_dir``'s ``model.nir`` in ``sim``; write the
     result under ``sim`` in ``nir.json`` (or ``out``) and ``plots/nir_<sim>.png``.
     Exports the graph first when the run has none, or one of another round."""
@@ -304,13 +303,13 @@ def run_nir(run_dir: str | Path, samples: int = 200, sim: str = "snntorch", prog
     if not isinstance(samples, int) or samples < 1:
         raise DeployError(f"--samples: got {samples!r}; expected a positive integer")
     simulator = get_simulator(sim)
-    model, cfg, ds, rnd = load_global_model(run_dir, round=round)
+    model, cfg, ds, rnd = load_global_model(run_dir, model_round=model_round)
     if cfg["data"]["encoding"] not in ("rate", "events"):
         raise DeployError(f"data.encoding is {cfg['data']['encoding']!r}: the comparison feeds the simulator and "
                           f"torch the same binary input spikes (rate or events); analog input has none")
     path = run_dir / NIR_FILE
     if not path.exists() or graph_meta(read_nir(path)).get("round") != rnd:
-        export_nir_run(run_dir, quiet=quiet, round=rnd)
+        export_nir_run(run_dir, quiet=quiet, model_round=rnd)
     graph = read_nir(path, model)
     lif_names = [lif for _, lif in node_names(model) if lif is not None]
 
@@ -348,11 +347,10 @@ def run_nir(run_dir: str | Path, samples: int = 200, sim: str = "snntorch", prog
         "torch_layer_spikes": torch_stats.counts.tolist(),
         "predictions": stats.predictions.tolist(),
         "torch_predictions": torch_stats.predictions.tolist(),
-        # builtins.round: `round` is the model round in this function
-        "load_s": builtins.round(load_s, 4),
-        "run_s": builtins.round(run_s, 4),
-        "samples_per_s": builtins.round(n / run_s, 3) if run_s > 0 else None,
-        "torch_s": builtins.round(torch_s, 4),
+        "load_s": round(load_s, 4),
+        "run_s": round(run_s, 4),
+        "samples_per_s": round(n / run_s, 3) if run_s > 0 else None,
+        "torch_s": round(torch_s, 4),
         **notes,
         "machine": f"{_cpus()} CPU(s)",
     }
