@@ -78,7 +78,7 @@ def test_resnet18_stages_and_shortcuts():
 # ----------------------------------------------------------------------------- forward / backward
 
 @pytest.mark.parametrize("name,shape", [("sfedca_mnist", (1, 28, 28)), ("sfedca_alexnet", (3, 32, 32)),
-                                        ("resnet18", (3, 16, 16)), ("hifi_resnet18", (3, 16, 16))])
+                                        ("hifi_resnet18", (3, 16, 16))])  # resnet18: the tests below
 def test_backbones_forward_backward(name, shape):
     # delay_shift off: the papers' T (with SLAYER's one-step delay per block, a deep net's
     # output would stay silent for its first L-1 steps of a 4-step window)
