@@ -195,3 +195,16 @@ def test_hifi_resnet18_factorizes_both_convs_of_every_block():
     assert len(syns) == 16 and all(isinstance(model.blocks[i].synapse, FactorizedConvSynapse) for i in marked)
     names = [n for n, _ in model.named_parameters() if n.endswith(".mix")]
     assert [int(n.split(".")[1]) for n in names] == marked  # parameter order = layer order
+
+
+def test_block_modules_do_not_import_the_model_builder():
+    # issue 22: models.snn imports the block modules, never the reverse (no import circle)
+    import ast
+    from pathlib import Path
+
+    models = Path(__file__).resolve().parents[1] / "neurofed" / "models"
+    for name in ("factorized.py", "residual.py", "paper_nets.py", "hifi_cnn.py", "spec.py"):
+        tree = ast.parse((models / name).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert "neurofed.models.snn" not in imported, name
