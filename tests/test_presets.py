@@ -113,7 +113,7 @@ def test_preset_trains_one_round_on_tiny_files(stem, roots, tmp_path):
     assert summary["rounds"] == 1
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == 1 and '"accuracy"' in metrics[0]
-    ckpt = tmp_path / "run" / "checkpoint.pkl"
+    ckpt = tmp_path / "run" / "checkpoint.npz"
     assert ckpt.is_file() and ckpt.stat().st_size > 0
 
 
