@@ -277,7 +277,8 @@ def test_every_round_has_every_width_and_fixed_widths_stay(tiny_cfg):
         for cid, c in plan:
             assert seen.setdefault(cid, c["width"]) == c["width"]
             assert server.spec_for(c) is server.specs[c["width"]]
-            assert server.message_for(cid, c)["blocks.1.synapse.mix"].shape[0] == round(16 * c["width"])
+            # M^p: a2 = 0.25·16 = 4, C^p/a1 = ceil(16p / 2) groups, D = 8 (the head's channels)
+            assert server.message_for(cid, c)["blocks.1.synapse.mix"].shape == (4, -(-round(16 * c["width"]) // 2), 8)
     assert sorted(np.unique(server.assigned, return_counts=True)[1]) == [2, 2, 2, 2]  # balanced draw
     server = _server(tiny_cfg, **{"algorithm.assign": "round", "algorithm.selection": "cover_widths"})
     assert server.assigned is None
