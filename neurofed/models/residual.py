@@ -53,7 +53,7 @@ class ResidualJoin(nn.Module):
         in_c, out = layer.in_shape[0], layer.out
         pad = layer.kernel // 2
         if o.get("block") == "factorized_conv":
-            m, n = bank_geometry(o["full_in"], o["full_out"], o["bank_fraction"], o["group_fraction"])
+            m, n = bank_geometry(o["full_out"], o["bank_fraction"], o["group_fraction"])  # Eq. 4: (a2, a1)
             if syn["weight_norm"]:
                 raise ValueError(NO_WEIGHT_NORM)
             self.synapse = FactorizedConvSynapse(in_c, out, layer.kernel, m, n, padding=pad,
