@@ -37,21 +37,15 @@ def _tiny_hifi(p, k):
 register_topology("test_tiny_hifi", _tiny_hifi)
 
 
-def hand_fuse(bank: torch.Tensor, mix: torch.Tensor, c_in: int, c_out: int | None = None,
-              layout: str = "input") -> torch.Tensor:
-    """Written out. ``output`` (Eq. 4): W[o, d] = Σ_b M[b, o // a1, d] · B[b, o % a1];
-    ``input`` (the authors' code): W[o, c] = Σ_b M[o, c // n, b] · B[b, c % n]."""
+def hand_fuse(bank: torch.Tensor, mix: torch.Tensor, c_out: int) -> torch.Tensor:
+    """W[o, d] = Σ_b M[b, o // a1, d] · B[b, o % a1], written out (Eq. 4)."""
     bank, mix = bank.detach(), mix.detach()
-    m, n, k, _ = bank.shape
-    c_out = mix.shape[0] if layout == "input" else c_out
-    w = torch.zeros(c_out, c_in, k, k, dtype=torch.float64)
+    a2, a1, k, _ = bank.shape
+    w = torch.zeros(c_out, mix.shape[2], k, k, dtype=torch.float64)
     for o in range(c_out):
-        for c in range(c_in):
-            for b in range(m):
-                if layout == "output":
-                    w[o, c] += mix[b, o // n, c].double() * bank[b, o % n].double()
-                else:
-                    w[o, c] += mix[o, c // n, b].double() * bank[b, c % n].double()
+        for d in range(mix.shape[2]):
+            for b in range(a2):
+                w[o, d] += mix[b, o // a1, d].double() * bank[b, o % a1].double()
     return w
 
 
@@ -61,26 +55,15 @@ def hand_fuse(bank: torch.Tensor, mix: torch.Tensor, c_in: int, c_out: int | Non
 def test_eq4_groups_output_channels_including_a_short_last_group():
     # B (a2 = 2, a1 = 2, 3, 3); M (a2, C/a1 = 3 groups of 2, 2, 1 output channels, D = 4)
     torch.manual_seed(0)
-    syn = FactorizedConvSynapse(4, 5, 3, bank_filters=2, group_size=2, layout="output")
+    syn = FactorizedConvSynapse(4, 5, 3, bank_filters=2, group_size=2)
     assert tuple(syn.bank.shape) == (2, 2, 3, 3) and tuple(syn.mix.shape) == (2, 3, 4)
-    w = hand_fuse(syn.bank, syn.mix, 4, 5, "output")
+    w = hand_fuse(syn.bank, syn.mix, 5)
     np.testing.assert_allclose(syn.weight[..., 0].double().detach(), w, atol=1e-6)
     # one entry by hand: output 3 = group 1, slot 1: W[3, d] = M[0, 1, d] B[0, 1] + M[1, 1, d] B[1, 1]
     b, m = syn.bank.detach().double(), syn.mix.detach().double()
     np.testing.assert_allclose(w[3, 2], m[0, 1, 2] * b[0, 1] + m[1, 1, 2] * b[1, 1], atol=1e-12)
     x = torch.rand(2, 4, 6, 6, 4)
     np.testing.assert_allclose(syn(x).detach(), F.conv3d(x, w.float().unsqueeze(-1)), atol=1e-5)
-
-
-def test_fused_weight_is_bank_times_mix_including_a_short_last_group():
-    torch.manual_seed(0)
-    syn = FactorizedConvSynapse(5, 3, 3, bank_filters=2, group_size=2, layout="input")  # groups of 2, 2, 1 inputs
-    assert tuple(syn.bank.shape) == (2, 2, 3, 3) and tuple(syn.mix.shape) == (3, 3, 2)
-    np.testing.assert_allclose(syn.weight[..., 0].double().detach(), hand_fuse(syn.bank, syn.mix, 5), atol=1e-6)
-    # the forward pass is the convolution with that kernel
-    x = torch.rand(2, 5, 6, 6, 4)
-    ref = F.conv3d(x, hand_fuse(syn.bank, syn.mix, 5).float().unsqueeze(-1), padding=0)
-    np.testing.assert_allclose(syn(x).detach(), ref, atol=1e-5)
 
 
 def test_banks_have_one_shape_for_every_width_and_mixes_do_not():
@@ -100,9 +83,6 @@ def test_banks_have_one_shape_for_every_width_and_mixes_do_not():
                                                                   (32, 8, 128)]
     model = build_model({**DEFAULTS["model"], "name": "hifi_cnn", "bank_fraction": 0.5}, (1, 8, 8), 10)
     assert tuple(model.blocks[1].synapse.bank.shape) == (64, 16, 3, 3)  # model.bank_fraction reaches the layer
-    model = build_model({**DEFAULTS["model"], "name": "hifi_cnn", "factorization": "input"}, (1, 8, 8), 10)
-    assert tuple(model.blocks[1].synapse.bank.shape) == (32, 8, 3, 3)  # the authors': groups of 0.125·64 inputs
-    assert tuple(model.blocks[3].synapse.mix.shape) == (128, 8, 32)
     # the digits-scale variant (the benchmark's model): two banks, one shape for every width
     banks = [{n: tuple(t.shape) for n, t in build_model({**DEFAULTS["model"], "name": "hifi_cnn_digits", "width": p},
                                                          (1, 8, 8), 10).named_parameters() if n.endswith(".bank")}
@@ -122,8 +102,7 @@ def test_export_writes_the_fused_quantized_kernel_as_a_standard_conv(tmp_path):
             g = h["layer"][str(i + 1)]
             syn = model.blocks[i].synapse
             assert g["type"][0] == b"conv" and int(g["groups"][()]) == 1
-            expected = quantize_8bit(hand_fuse(syn.bank, syn.mix, syn.in_channels, syn.out_channels,
-                                               "output").float(), descale=True)
+            expected = quantize_8bit(hand_fuse(syn.bank, syn.mix, syn.out_channels).float(), descale=True)
             np.testing.assert_array_equal(g["weight"][()], expected.numpy())
 
 
@@ -277,7 +256,8 @@ def test_every_round_has_every_width_and_fixed_widths_stay(tiny_cfg):
         for cid, c in plan:
             assert seen.setdefault(cid, c["width"]) == c["width"]
             assert server.spec_for(c) is server.specs[c["width"]]
-            assert server.message_for(cid, c)["blocks.1.synapse.mix"].shape[0] == round(16 * c["width"])
+            # M^p: a2 = 0.25·16 = 4, C^p/a1 = ceil(16p / 2) groups, D = 8 (the head's channels)
+            assert server.message_for(cid, c)["blocks.1.synapse.mix"].shape == (4, -(-round(16 * c["width"]) // 2), 8)
     assert sorted(np.unique(server.assigned, return_counts=True)[1]) == [2, 2, 2, 2]  # balanced draw
     server = _server(tiny_cfg, **{"algorithm.assign": "round", "algorithm.selection": "cover_widths"})
     assert server.assigned is None

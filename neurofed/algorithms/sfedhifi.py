@@ -47,7 +47,7 @@ evaluation), ``rate_data: train`` the training set's — a deployment whose serv
 no data needs a public or synthetic batch here, and the rates reveal nothing of a
 client's data (they are measured on the global models).
 Tucker (Eq. 10–12): M^p's three modes are decomposed (``tucker_view: matrix``: first
-mode × the rest, the authors' 1×1-conv weight under ``factorization: input``), each
+mode × the rest, as the authors' code flattens its 1×1-conv weight), each
 width at its own full ranks with Eq. 11's mean over the core block all widths share
 (:func:`tucker_fuse`; ``tucker_ranks`` [b1, b2, b3] gives Eq. 10's fixed ranks, which
 truncate the wider widths' M every fusion round). Each decomposition gets one sign
@@ -609,10 +609,9 @@ class SFedHIFIServer(HeteroServer):
         return np.asarray(out)
 
     def view(self, mix: np.ndarray) -> np.ndarray:
-        """M^p as Tucker sees it: ``tensor``, its three modes (Eq. 10; with
-        ``model.factorization: output`` Eq. 4's a2 × C^p/a1 × D^p), or ``matrix``, its first
-        mode × the rest (with ``factorization: input`` the (C_out, G·m) weight of the
-        authors' 1×1 convolution, their ``conv.1.weight``)."""
+        """M^p as Tucker sees it: ``tensor``, its three modes (Eq. 10: Eq. 4's
+        a2 × C^p/a1 × D^p), or ``matrix``, its first mode × the rest (the authors' code
+        decomposes their 1×1 convolution's weight, ``conv.1.weight``, as a matrix)."""
         return mix.reshape(mix.shape[0], -1) if self.cfg["algorithm"]["tucker_view"] == "matrix" else mix
 
     def fuse(self, layer: int) -> None:

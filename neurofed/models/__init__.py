@@ -48,12 +48,10 @@ MODEL_DEFAULTS: dict = {
     "quantize": True,  # 8-bit weights as on Loihi (SLAYER's quantize_8bit hook)
     "dropout": 0.0,
     "delay_shift": True,  # SLAYER's one-step delay per block (Lava's timing); false: the papers' T
-    # factorized convolutions (hifi_cnn; SFedHIFI Eq. 4): bank elements per width-1 output
-    # channel, channels per group per width-1 channel (the authors' values); factorization:
-    # output (Eq. 4: B groups output channels) | input (the authors' code: input channels)
+    # factorized convolutions (hifi_cnn; SFedHIFI Eq. 4, output channels grouped): bank
+    # elements and output channels per group, per width-1 output channel (the authors' values)
     "bank_fraction": 0.25,
     "group_fraction": 0.125,
-    "factorization": "output",
 }
 
 
@@ -72,7 +70,6 @@ register_section(Section("model", MODEL_DEFAULTS, lambda: {
     "model.delay_shift": boolean,
     "model.bank_fraction": number(0, 1, lo_open=True),
     "model.group_fraction": number(0, 1, lo_open=True),
-    "model.factorization": choice(("output", "input")),
 }))
 
 __all__ = ["MODEL_DEFAULTS", "Layer", "ZOO", "register_topology", "topology", "build_model", "build_run_model", "model_names",

@@ -2,10 +2,8 @@
 (Tao et al. 2025, ``shared/papers/sfedhifi-tao2025.md``, Eq. 4), as a SLAYER block.
 
 A k×k convolution from D = C_in to C = C_out channels is W^p ≈ B · M^p with a filter bank
-B whose shape is the same at every width and a width-specific factor M^p. Two layouts
-(``model.factorization``):
-
-``output`` (default; Eq. 4 as printed) — B groups *output* channels:
+B whose shape is the same at every width and a width-specific factor M^p; as Eq. 4
+prints it, B groups *output* channels:
 
     B ∈ R^{a2 × a1 × k × k}            (Eq. 4's k² × a1 × a2, axes ordered bank-first;
                                          a2 = round(bank_fraction · C at width 1),
@@ -14,19 +12,16 @@ B whose shape is the same at every width and a width-specific factor M^p. Two la
     W^p[g·a1 + j, d] = Σ_b M^p[b, g, d] · B[b, j]
 
 i.e. each block of a1 output channels' k×k filters on input channel d is a mix of the
-a2 bank elements (each a1 filters). The 3-mode M^p is what HIFI Tucker-decomposes
-(Eq. 10–12).
+a2 bank elements (each a1 filters); when C^p is not a multiple of a1 the last group is
+cut short. The 3-mode M^p is what HIFI Tucker-decomposes (Eq. 10–12). The fractions
+0.25 and 0.125 are those of the SFedHIFI authors' 4-layer CNN (``--n_basis 0.25
+--basis_fraction 0.125``).
 
-``input`` (the SFedHIFI authors' code, FLANC-style) — B groups *input* channels:
-
-    B ∈ R^{m × n × k × k}              (m = round(bank_fraction · C at width 1),
-                                         n = round(group_fraction · D at width 1))
-    M^p ∈ R^{C^p × G^p × m}            (G^p = ceil(D^p / n) input-channel groups)
-    W^p[o, g·n + j] = Σ_b M^p[o, g, b] · B[b, j]
-
-When C^p (output) or D^p (input) is not a multiple of the group size the last group is
-cut short. The fractions 0.25 and 0.125 are those of the SFedHIFI authors' 4-layer CNN
-(``--n_basis 0.25 --basis_fraction 0.125``).
+The authors' code groups *input* channels instead (M^p ∈ R^{C^p × D^p/n × m}, a 1×1
+convolution over the bank's responses). That layout was neurofed's until it was measured
+against Eq. 4's on digits (``hifi_cnn_digits``, SFedHIFI, 20 rounds, seed 0): final mean
+accuracy over the widths 74.2 % (Eq. 4) vs 75.1 % (input) under IID, 44.1 % vs 37.0 %
+under Dir(0.3) — not better, so it is not kept as an option.
 
 The forward pass uses the fused kernel W = B·M through the synapse's 8-bit
 quantization hook, so the block is a plain SLAYER CUBA ``Conv`` as far as netx,
@@ -57,32 +52,19 @@ NO_WEIGHT_NORM = ("model.weight_norm: the factorized convolution has no single w
                   "set model.weight_norm: false")
 
 
-LAYOUTS = ("output", "input")
+def bank_geometry(full_out: int, bank_fraction: float, group_fraction: float) -> tuple[int, int]:
+    """(a2 bank elements, a1 output channels per group) of a layer with ``full_out``
+    output channels at width 1."""
+    return max(1, round(bank_fraction * full_out)), max(1, round(group_fraction * full_out))
 
 
-def bank_geometry(full_in: int, full_out: int, bank_fraction: float, group_fraction: float,
-                  layout: str = "output") -> tuple[int, int]:
-    """(bank elements, channels per group) of a layer whose width-1 version maps
-    ``full_in`` to ``full_out`` channels: ``output`` (a2, a1), both from C = ``full_out``;
-    ``input`` (m, n), m from ``full_out`` and n from ``full_in``."""
-    group_of = full_out if layout == "output" else full_in
-    return max(1, round(bank_fraction * full_out)), max(1, round(group_fraction * group_of))
-
-
-def fuse(bank: torch.Tensor, mix: torch.Tensor, in_channels: int, out_channels: int | None = None,
-         layout: str = "input") -> torch.Tensor:
-    """Eq. 4: the (C_out, C_in, k, k) kernel of ``bank`` and ``mix`` in ``layout``
-    (``output``: bank (a2, a1, k, k), mix (a2, G, C_in); ``input``: bank (m, n, k, k),
-    mix (C_out, G, m))."""
-    if layout == "output":
-        _, groups, _ = mix.shape
-        _, a1, kh, kw = bank.shape
-        w = torch.einsum("bgd,bjhw->gjdhw", mix, bank).reshape(groups * a1, mix.shape[2], kh, kw)
-        return w[:out_channels]
-    c_out, groups, _ = mix.shape
-    _, n, kh, kw = bank.shape
-    w = torch.einsum("ogb,bjhw->ogjhw", mix, bank).reshape(c_out, groups * n, kh, kw)
-    return w[:, :in_channels]
+def fuse(bank: torch.Tensor, mix: torch.Tensor, out_channels: int) -> torch.Tensor:
+    """Eq. 4: the (C_out, C_in, k, k) kernel of ``bank`` (a2, a1, k, k) mixed by ``mix``
+    (a2, G, C_in): W[g·a1 + j, d] = Σ_b M[b, g, d] · B[b, j]."""
+    _, groups, d = mix.shape
+    _, a1, kh, kw = bank.shape
+    w = torch.einsum("bgd,bjhw->gjdhw", mix, bank).reshape(groups * a1, d, kh, kw)
+    return w[:out_channels]
 
 
 def orthogonality(bank: torch.Tensor) -> torch.Tensor:
@@ -103,8 +85,7 @@ class FactorizedConvSynapse(slayer.synapse.layer.GenericLayer):
     """
 
     def __init__(self, in_features: int, out_features: int, kernel_size: int, bank_filters: int, group_size: int,
-                 stride: int = 1, padding: int = 0, weight_scale: float = 1, pre_hook_fx=None,
-                 layout: str = "input"):
+                 stride: int = 1, padding: int = 0, weight_scale: float = 1, pre_hook_fx=None):
         super().__init__()
         self.in_channels, self.out_channels = int(in_features), int(out_features)
         self.kernel_size = (kernel_size, kernel_size, 1)
@@ -114,21 +95,12 @@ class FactorizedConvSynapse(slayer.synapse.layer.GenericLayer):
         self.groups = 1  # of the fused convolution; the bank's input groups live in ``mix``
         self.bias = None
         self._pre_hook_fx = pre_hook_fx
-        if layout not in LAYOUTS:
-            raise ValueError(f"model.factorization: got {layout!r}; allowed: {', '.join(LAYOUTS)}")
-        self.layout = layout
+        groups = math.ceil(self.out_channels / group_size)
         self.bank = nn.Parameter(torch.empty(bank_filters, group_size, kernel_size, kernel_size))
-        if layout == "output":
-            groups = math.ceil(self.out_channels / group_size)
-            self.mix = nn.Parameter(torch.empty(bank_filters, groups, self.in_channels))
-            # B's rows orthonormal (entries' variance 1/(a1 k²)): var(W) = a2 var(M) / (a1 k²)
-            # = 1/(3 D k²), SLAYER's default conv init U(±1/sqrt(D k²)), for |M| <= sqrt(a1 / (a2 D)).
-            bound = math.sqrt(group_size / (bank_filters * self.in_channels))
-        else:
-            groups = math.ceil(self.in_channels / group_size)
-            self.mix = nn.Parameter(torch.empty(self.out_channels, groups, bank_filters))
-            # M as a 1×1 conv over the G·m bank responses: the same spread of W.
-            bound = 1.0 / math.sqrt(groups * bank_filters)
+        self.mix = nn.Parameter(torch.empty(bank_filters, groups, self.in_channels))
+        # B's rows orthonormal (entries' variance 1/(a1 k²)): var(W) = a2 var(M) / (a1 k²)
+        # = 1/(3 D k²), SLAYER's default conv init U(±1/sqrt(D k²)), for |M| <= sqrt(a1 / (a2 D)).
+        bound = math.sqrt(group_size / (bank_filters * self.in_channels))
         # Orthonormal bank filters (the authors' init, and the optimum of Eq. 13's term).
         nn.init.orthogonal_(self.bank.data.view(bank_filters, -1))
         nn.init.uniform_(self.mix, -bound, bound)
@@ -137,7 +109,7 @@ class FactorizedConvSynapse(slayer.synapse.layer.GenericLayer):
 
     @property
     def weight(self) -> torch.Tensor:
-        return fuse(self.bank, self.mix, self.in_channels, self.out_channels, self.layout).unsqueeze(-1)
+        return fuse(self.bank, self.mix, self.out_channels).unsqueeze(-1)
 
     def enable_weight_norm(self):
         raise ValueError(NO_WEIGHT_NORM)
@@ -150,7 +122,7 @@ class FactorizedConvSynapse(slayer.synapse.layer.GenericLayer):
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel={self.kernel_size[0]}, "
-                f"bank={tuple(self.bank.shape)}, mix={tuple(self.mix.shape)}, layout={self.layout}")
+                f"bank={tuple(self.bank.shape)}, mix={tuple(self.mix.shape)}")
 
 
 class FactorizedConv(slayer.block.cuba.Conv):
@@ -162,7 +134,7 @@ class FactorizedConv(slayer.block.cuba.Conv):
 
     def __init__(self, neuron_params: dict, in_features: int, out_features: int, kernel_size: int,
                  bank_filters: int, group_size: int, stride: int = 1, padding: int = 0,
-                 weight_scale: float = 1, weight_norm: bool = False, pre_hook_fx=None, layout: str = "input",
+                 weight_scale: float = 1, weight_norm: bool = False, pre_hook_fx=None,
                  delay_shift: bool = True):
         if weight_norm:
             raise ValueError(NO_WEIGHT_NORM)
@@ -170,18 +142,17 @@ class FactorizedConv(slayer.block.cuba.Conv):
                          pre_hook_fx=pre_hook_fx, delay_shift=delay_shift)
         self.synapse = FactorizedConvSynapse(in_features, out_features, kernel_size, bank_filters, group_size,
                                              stride=stride, padding=padding, weight_scale=weight_scale,
-                                             pre_hook_fx=pre_hook_fx, layout=layout)
+                                             pre_hook_fx=pre_hook_fx)
 
 
 def factorized_conv_block(layer: Layer, params: dict, syn: dict) -> FactorizedConv:
     """The SNN builder's entry for ``Layer.options["block"] == "factorized_conv"``;
     options: ``full_in``/``full_out`` (the layer's channels at width 1),
-    ``bank_fraction``, ``group_fraction``, ``factorization`` (the layout)."""
+    ``bank_fraction``, ``group_fraction``."""
     o = layer.options
-    layout = o.get("factorization", "output")
-    m, n = bank_geometry(o["full_in"], o["full_out"], o["bank_fraction"], o["group_fraction"], layout)
-    return FactorizedConv(params, layer.in_shape[0], layer.out, layer.kernel, m, n, stride=layer.stride,
-                          padding=layer.padding, layout=layout, **syn)
+    a2, a1 = bank_geometry(o["full_out"], o["bank_fraction"], o["group_fraction"])
+    return FactorizedConv(params, layer.in_shape[0], layer.out, layer.kernel, a2, a1, stride=layer.stride,
+                          padding=layer.padding, **syn)
 
 
 def factorized_synapses(model: nn.Module) -> list[FactorizedConvSynapse]:

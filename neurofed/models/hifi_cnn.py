@@ -23,16 +23,14 @@ from neurofed.models.spec import Layer, _w, register_topology
 
 # Defaults of the factorized layers' options; model.bank_fraction / model.group_fraction override them.
 BANK_FRACTION = 0.25  # bank filters per width-1 output channel (authors: --n_basis 0.25)
-GROUP_FRACTION = 0.125  # channels per group per width-1 channel (authors: --basis_fraction 0.125)
-FACTORIZATION = "output"  # Eq. 4: B groups output channels; "input": the authors' code (model.factorization)
+GROUP_FRACTION = 0.125  # output channels per group per width-1 output channel (authors: --basis_fraction 0.125)
 
 
 def factorized(out: int, full_in: int, full_out: int, kernel: int = 3) -> Layer:
     """A factorized k×k conv layer (same padding) with ``out`` channels at this width."""
     return Layer("conv", out, kernel=kernel, padding=kernel // 2,
                  options={"block": "factorized_conv", "full_in": full_in, "full_out": full_out,
-                          "bank_fraction": BANK_FRACTION, "group_fraction": GROUP_FRACTION,
-                          "factorization": FACTORIZATION})
+                          "bank_fraction": BANK_FRACTION, "group_fraction": GROUP_FRACTION})
 
 
 def _hifi(p: float, k: int, c1: int, c2: int) -> list[Layer]:

@@ -17,10 +17,8 @@ config validation lists the zoo).
   output, 4×4 for 32×32 input: the authors' ``AdaptiveAvgPool2d``), FC; their output neuron
   spikes, as here. No batch norm (netx/Lava have none).
 - ``hifi_resnet18`` — the same with SFedHIFI's factorized 3×3 convolutions in every basic
-  block (Eq. 4; the authors' ``DecomBlock``), the stem and the 1×1 shortcuts plain as theirs;
-  the layout is ``model.factorization`` as for ``hifi_cnn``. With ``input`` (the authors'
-  code), a bank's input groups are sized from each conv's own width-1 input channels (the
-  authors size both convs of a stage's first block from the block's input channels).
+  block (Eq. 4, output channels grouped as for ``hifi_cnn``; the authors' ``DecomBlock``),
+  the stem and the 1×1 shortcuts plain as theirs.
 
 Residual blocks are two layers (:mod:`neurofed.models.residual`): they train and are
 energy-counted; ``neurofed export`` refuses them with the reason.
@@ -30,7 +28,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from neurofed.models.hifi_cnn import BANK_FRACTION, FACTORIZATION, GROUP_FRACTION
+from neurofed.models.hifi_cnn import BANK_FRACTION, GROUP_FRACTION
 from neurofed.models.spec import Layer, _conv, _w, register_topology
 
 
@@ -48,7 +46,7 @@ def _sfedca_alexnet(p: float, k: int) -> list[Layer]:
 def _block_conv(out: int, stride: int, factorized: bool, full_in: int, full_out: int, **options) -> Layer:
     if factorized:  # both layers of a block: "factorized_conv" is how SFedHIFI finds its B·M layers
         options = {**options, "block": "factorized_conv", "full_in": full_in, "full_out": full_out,
-                   "bank_fraction": BANK_FRACTION, "group_fraction": GROUP_FRACTION, "factorization": FACTORIZATION}
+                   "bank_fraction": BANK_FRACTION, "group_fraction": GROUP_FRACTION}
     return Layer("conv", out, kernel=3, stride=stride, padding=1, options=options)
 
 

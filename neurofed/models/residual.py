@@ -53,11 +53,10 @@ class ResidualJoin(nn.Module):
         in_c, out = layer.in_shape[0], layer.out
         pad = layer.kernel // 2
         if o.get("block") == "factorized_conv":
-            layout = o.get("factorization", "output")
-            m, n = bank_geometry(o["full_in"], o["full_out"], o["bank_fraction"], o["group_fraction"], layout)
+            m, n = bank_geometry(o["full_out"], o["bank_fraction"], o["group_fraction"])  # Eq. 4: (a2, a1)
             if syn["weight_norm"]:
                 raise ValueError(NO_WEIGHT_NORM)
-            self.synapse = FactorizedConvSynapse(in_c, out, layer.kernel, m, n, padding=pad, layout=layout,
+            self.synapse = FactorizedConvSynapse(in_c, out, layer.kernel, m, n, padding=pad,
                                                  weight_scale=syn["weight_scale"], pre_hook_fx=syn["pre_hook_fx"])
         else:
             self.synapse = slayer.synapse.Conv(in_c, out, layer.kernel, padding=pad, **syn)
