@@ -529,7 +529,8 @@ def test_sfedhifi_in_flower_simulation_equals_the_in_process_runner(tmp_path, pr
     fusion on the server) for 2 rounds: every width's global parameters and every
     metrics line equal the in-process runner's."""
     neurofed_set = tiny_set(**{"algorithm.name": "sfedhifi", "model.name": "hifi_cnn_digits", "model.width": 1.0,
-                               "algorithm.widths": "[0.5,1.0]", "algorithm.rate_samples": 16})
+                               "algorithm.widths": "[0.5,1.0]", "algorithm.rate_samples": 16,
+                               "algorithm.selection": "cover_widths"})  # both widths every round
     params, lines = read_run(simulate(tmp_path, processes, "flower", neurofed_set))
     ref_params, ref_lines = reference(tmp_path, "inprocess", neurofed_set)
     same_records(lines, ref_lines)
