@@ -290,7 +290,7 @@ def main(argv=None) -> int:
                  f" x model after {args.scaffold_rounds} rounds (O(clients x model), kept client side)")
         emit(f"peak RSS of this process: {rss_fedavg:.0f} MB after the FedAvg run, {peak_rss_mb():.0f} MB after "
              f"SCAFFOLD (torch + lava imports, data, models; freed memory stays mapped for reuse, see "
-             f"fast_cuba.tune_malloc)")
+             f"neurofed.kernels.tune_malloc)")
         emit("")
 
         # the same at S-VGG9 size (parameter layout of the zoo model, random updates)

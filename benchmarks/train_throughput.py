@@ -12,13 +12,13 @@ built directly from ``slayer.block.cuba`` blocks:
 Inputs are Poisson (Bernoulli per time step) spike trains of random intensities.
 
 Three paths run in worker processes started the same way (same seeds, same batches,
-same thread settings): stock SLAYER, ``fast`` (fast_cuba, bit-exact) and ``fast-grad``
-(fast_cuba with ``gradients="fast"``: same spikes, gradients equal up to float32
+same thread settings): stock SLAYER, ``fast`` (neurofed.kernels, bit-exact) and ``fast-grad``
+(neurofed.kernels with ``gradients="fast"``: same spikes, gradients equal up to float32
 rounding). The parent rotates short rounds between them so all see the same machine
 load. Samples/s come from each path's fastest training step (timeit's convention: on
 a shared machine it is the least disturbed one); the medians are printed too.
-The stock worker never imports neurofed.models.fast_cuba; the others call
-``fast_cuba.enable()`` (which includes its allocator setting, ``tune_malloc``).
+The stock worker never imports neurofed.kernels; the others call
+``kernels.enable()`` (which includes its allocator setting, ``tune_malloc``).
 Before training, every worker computes the output spikes and weight gradients of the
 first batch from the same initial parameters: fast-grad's must match stock's spikes
 bit for bit and its gradients within float32 rounding (printed as the largest
@@ -106,7 +106,7 @@ def make_batches(name: str, batch: int, T: int, n: int):
 
 
 # ----------------------------------------------------------------------------- worker
-# stock SLAYER; fast_cuba with exact gradients; fast_cuba with gradients="fast"
+# stock SLAYER; neurofed.kernels with exact gradients; with gradients="fast"
 MODES = ("stock", "fast", "fast-grad")
 
 
@@ -129,10 +129,11 @@ def worker(conn, mode: str, name: str, batch: int, T: int, nbatches: int, thread
         torch.set_num_threads(threads)
     info = {}
     if mode != "stock":
-        from neurofed.models import fast_cuba
+        from neurofed import kernels
 
-        info["fast_enabled"] = fast_cuba.enable(gradients="fast" if mode == "fast-grad" else "exact")
-    from neurofed.fl.train import make_optimizer  # the clients' optimizer (no fast_cuba import)
+        info["fast_enabled"] = kernels.enable(gradients="fast" if mode == "fast-grad" else "exact")
+        info["variant"] = kernels.variant()
+    from neurofed.fl.train import make_optimizer  # the clients' optimizer (no kernels import)
 
     torch.manual_seed(0)
     net = build_net(name)
@@ -305,10 +306,10 @@ def main(argv=None):
     emit(machine_header("train_throughput",
                         "(shared machine: the paths take turns; samples/s from each path's best step)"))
     emit("# baseline: stock lava-dl 0.6.0 SLAYER CPU path (Python time-step loop, int64 fixed point)")
-    emit("# fast:     neurofed.models.fast_cuba.enable(): fused C++ CUBA neuron kernels (+ one-step delay),")
+    emit("# fast:     neurofed.kernels.enable(): fused C++ CUBA neuron kernels (+ one-step delay),")
     emit("#           8-bit integer (AVX-512 VNNI), spike-driven and time-lane synapse forward, pooling kernels;")
     emit("#           bit-identical spikes and gradients")
-    emit("# fast-grad: fast_cuba.enable(gradients='fast'): the same, plus spike-driven / time-lane weight")
+    emit("# fast-grad: kernels.enable(gradients='fast'): the same, plus spike-driven / time-lane weight")
     emit("#           gradients, time-lane 1x1 input gradients and the surrogate exp inside the neuron backward;")
     emit("#           identical spikes, gradients within float32 rounding of stock (checked below on the first batch)")
     emit("")

@@ -55,5 +55,5 @@ $V --no-deps "norse==1.1.0"
 # Compile the fused CUBA kernels once now (cached; training falls back to stock SLAYER
 # with a warning if this ever fails), with every instruction-set variant this CPU runs
 # (the tests check each against stock SLAYER).
-"$VENV/bin/python" -c "import neurofed.models.fast_cuba as f; assert f.build() is not None, 'fast CUBA kernels did not compile: ' + str(f._ext_error); [f.build_variant(v) for v in f.runnable_variants()]"
+"$VENV/bin/python" -c "from neurofed.kernels import variants as v; assert v.build() is not None, 'the fast kernels did not compile: ' + str(v.error()); [v.build_variant(n) for n in v.runnable_variants()]"
 echo "neurofed environment ready in $VENV (activate: source $VENV/bin/activate)"

@@ -1,4 +1,4 @@
-"""The fast CPU path (neurofed.models.fast_cuba) reproduces stock SLAYER exactly.
+"""The fast CPU kernels (neurofed.kernels) reproduce stock SLAYER exactly.
 
 Every comparison is bit for bit (float32 bit patterns, so even the sign of zero
 must agree): output spikes, current and voltage, persistent states and the
@@ -15,17 +15,19 @@ import torch
 from neurofed.compat import slayer as _slayer_import
 
 slayer = _slayer_import()
-fast_cuba = pytest.importorskip("neurofed.models.fast_cuba")
+kernels = pytest.importorskip("neurofed.kernels")
+from neurofed.kernels import ops, patches, variants  # noqa: E402
 
-if not fast_cuba.is_available():  # pragma: no cover - no C++ toolchain
-    pytest.skip(f"fast_cuba extension unavailable: {fast_cuba._ext_error}", allow_module_level=True)
+if not kernels.is_available():  # pragma: no cover - no C++ toolchain
+    pytest.skip(f"kernel extension unavailable: {variants.error()}", allow_module_level=True)
+EXT = kernels.build()
 
 # The optional synapse / gradient kernels of the variant built for this CPU (today: all
 # of them on AVX-512, the VNNI one with VNNI, none below). A kernel outside the build
 # returns None everywhere and the caller takes the stock call; the tests below check
 # that each kernel in the build ran, and that the others declined.
-VARIANT = fast_cuba.variant
-KERNELS = frozenset(fast_cuba._ext.kernels())
+VARIANT = kernels.variant()
+KERNELS = frozenset(EXT.kernels())
 OPTIONAL_KERNELS = ("spike_conv_fwd", "spike_weight_grad", "tlane_conv_fwd", "tlane_input_grad_1x1",
                     "tlane_weight_grad", "tlane_input_grad", "vnni_conv_fwd")
 HAS_VNNI = "vnni_conv_fwd" in KERNELS
@@ -35,12 +37,12 @@ def needs(kernel: str):
     return pytest.mark.skipif(kernel not in KERNELS, reason=f"{kernel} is not in the {VARIANT} build")
 
 
-@pytest.fixture(params=fast_cuba.runnable_variants())
+@pytest.fixture(params=kernels.runnable_variants())
 def variant_ext(request, monkeypatch):
     """Every instruction-set variant this CPU runs (built once, cached): the test runs
     with that build in place of the default one."""
-    ext = fast_cuba.build_variant(request.param)
-    monkeypatch.setattr(fast_cuba, "_ext", ext)
+    ext = kernels.build_variant(request.param)
+    monkeypatch.setattr(ops, "ext", ext)
     return ext
 
 NEURON = dict(threshold=1.25, current_decay=0.25, voltage_decay=0.03, tau_grad=0.1, scale_grad=1.0,
@@ -75,8 +77,8 @@ def run(make, inputs, fast: bool, calls=1, seed=0, loss_seed=1):
     torch.manual_seed(seed)
     block = make()
     out = {}
-    with fast_cuba.enabled(fast):
-        assert fast_cuba.is_enabled() is fast
+    with kernels.enabled(fast):
+        assert kernels.is_enabled() is fast
         for c in range(calls):
             x = inputs[c].clone().requires_grad_(True)
             y = block(x)
@@ -161,8 +163,8 @@ def test_conv_and_dense_blocks_with_large_fan_in(monkeypatch, weight_scale, kern
     # build has (the 8-bit one declines weights beyond int8), else F.conv3d
     chain = ("vnni_conv_fwd", "spike_conv_fwd") if kernel == "vnni_conv_fwd" else ("spike_conv_fwd",)
     expected = next((k for k in chain if k in KERNELS), None)
-    counter = _CountingExt(fast_cuba._ext)
-    monkeypatch.setattr(fast_cuba, "_ext", counter)
+    counter = _CountingExt(EXT)
+    monkeypatch.setattr(ops, "ext", counter)
 
     def make_conv():
         return cuba().Conv(NEURON, 8, 20, 3, padding=1, weight_scale=weight_scale, weight_norm=False,
@@ -195,12 +197,12 @@ def test_spike_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad, p):
     g = torch.Generator().manual_seed(Co)
     w = quantize_8bit(torch.randn(Co, Ci, k, k, 1, generator=g) * 3)
     ref = torch.nn.functional.conv3d(x, w, None, (stride, stride, 1), (pad, pad, 0))
-    z = fast_cuba._ext.spike_conv_fwd(x, w.reshape(w.shape[:4]).contiguous(), stride, stride, pad, pad, 1.0)
+    z = EXT.spike_conv_fwd(x, w.reshape(w.shape[:4]).contiguous(), stride, stride, pad, pad, 1.0)
     assert_identical(ref, z, "conv output")
     # declines (caller falls back to F.conv3d) when the result might not be exact
-    assert fast_cuba._ext.spike_conv_fwd(x * 0.5 + (x == 0) * 0.25, w.reshape(w.shape[:4]).contiguous(),
+    assert EXT.spike_conv_fwd(x * 0.5 + (x == 0) * 0.25, w.reshape(w.shape[:4]).contiguous(),
                                          stride, stride, pad, pad, 1.0) is None
-    assert fast_cuba._ext.spike_conv_fwd(x, (w * (1 + 1e-6)).reshape(w.shape[:4]).contiguous(),
+    assert EXT.spike_conv_fwd(x, (w * (1 + 1e-6)).reshape(w.shape[:4]).contiguous(),
                                          stride, stride, pad, pad, 1.0) is None
 
 
@@ -216,11 +218,11 @@ def test_time_lane_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad)
     w = quantize_8bit(torch.randn(Co, Ci, k, k, 1, generator=torch.Generator().manual_seed(Co)) * 3)
     ref = torch.nn.functional.conv3d(x, w, None, (stride, stride, 1), (pad, pad, 0))
     w4 = w.reshape(w.shape[:4]).contiguous()
-    z = fast_cuba._ext.tlane_conv_fwd(x, w4, stride, stride, pad, pad)
+    z = EXT.tlane_conv_fwd(x, w4, stride, stride, pad, pad)
     assert_identical(ref, z, "conv output")
     # declines (caller falls back to F.conv3d) when the result might not be exact
-    assert fast_cuba._ext.tlane_conv_fwd(x * 0.5 + (x == 0) * 0.25, w4, stride, stride, pad, pad) is None
-    assert fast_cuba._ext.tlane_conv_fwd(x, w4 * (1 + 1e-6), stride, stride, pad, pad) is None
+    assert EXT.tlane_conv_fwd(x * 0.5 + (x == 0) * 0.25, w4, stride, stride, pad, pad) is None
+    assert EXT.tlane_conv_fwd(x, w4 * (1 + 1e-6), stride, stride, pad, pad) is None
 
 
 @needs("vnni_conv_fwd")
@@ -236,17 +238,17 @@ def test_8bit_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad):
     assert 64 <= w.abs().max() * 32 < 128  # SLAYER's grid is 2^-5: int8 weights, the full range used
     ref = torch.nn.functional.conv3d(x, w, None, (stride, stride, 1), (pad, pad, 0))
     w4 = w.reshape(w.shape[:4]).contiguous()
-    z = fast_cuba._ext.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.0)
+    z = EXT.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.0)
     assert_identical(ref, z, "conv output")
     # declines (the caller tries the next kernel) when 8-bit products cannot give the exact sum
-    assert fast_cuba._ext.vnni_conv_fwd(x * 0.5 + (x == 0) * 0.25, w4, stride, stride, pad, pad, 0.0) is None
-    assert fast_cuba._ext.vnni_conv_fwd(x, w4 * (1 + 1e-6), stride, stride, pad, pad, 0.0) is None
+    assert EXT.vnni_conv_fwd(x * 0.5 + (x == 0) * 0.25, w4, stride, stride, pad, pad, 0.0) is None
+    assert EXT.vnni_conv_fwd(x, w4 * (1 + 1e-6), stride, stride, pad, pad, 0.0) is None
     beyond_int8 = w4.clone()
     beyond_int8.view(-1)[0] = 128 / 32  # 128 on the 2^-5 grid
-    assert fast_cuba._ext.vnni_conv_fwd(x, beyond_int8, stride, stride, pad, pad, 0.0) is None
+    assert EXT.vnni_conv_fwd(x, beyond_int8, stride, stride, pad, pad, 0.0) is None
     # and leaves inputs sparser than min_density (30 % active here) to the spike-driven kernel
-    assert fast_cuba._ext.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.4) is None
-    assert fast_cuba._ext.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.2) is not None
+    assert EXT.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.4) is None
+    assert EXT.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.2) is not None
 
 
 def _optional_kernel_call(kernel, ext):
@@ -281,7 +283,7 @@ def test_hooks_on_neurons_still_run():
         block = cuba().Conv(NEURON, 2, 4, 3, padding=1, weight_scale=2, pre_hook_fx=quantize_8bit)
         outs = []
         block.neuron.register_forward_hook(lambda m, i, o: outs.append(o.detach().clone()))
-        with fast_cuba.enabled(fast):
+        with kernels.enabled(fast):
             y = block(spikes(2, 2, 5, 5, 6))
         seen[fast] = (y, outs)
     assert len(seen[True][1]) == len(seen[False][1]) == 1
@@ -326,7 +328,7 @@ def test_persistent_state_streaming_with_delay_no_grad():
         torch.manual_seed(0)
         block = cuba().Dense(params, 16, 8, pre_hook_fx=quantize_8bit, weight_scale=4)
         got = []
-        with fast_cuba.enabled(fast), torch.no_grad():
+        with kernels.enabled(fast), torch.no_grad():
             for x in xs:
                 got += [block(x), block.neuron.current_state.clone(), block.neuron.voltage_state.clone(),
                         block.delay_buffer.clone()]
@@ -358,9 +360,9 @@ def test_trainable_decays_and_graded_spikes_use_exact_fallbacks():
 def test_digits_cnn_training_step(monkeypatch, variant_ext):
     kernels = set(variant_ext.kernels())
     counter = _CountingExt(variant_ext)
-    monkeypatch.setattr(fast_cuba, "_ext", counter)
+    monkeypatch.setattr(ops, "ext", counter)
     pool_calls = []
-    monkeypatch.setattr(fast_cuba._PoolFn, "backward", _recording(fast_cuba._PoolFn.backward, pool_calls))
+    monkeypatch.setattr(ops._PoolFn, "backward", _recording(ops._PoolFn.backward, pool_calls))
 
     def make():
         return torch.nn.Sequential(
@@ -396,7 +398,7 @@ def _recording(fn, calls):
 
 def neuron_case(params, x, fast):
     torch.manual_seed(0)
-    with fast_cuba.enabled(fast):
+    with kernels.enabled(fast):
         neuron = slayer.neuron.cuba.Neuron(**params)
         xi = x.clone().requires_grad_(True)
         current, voltage = neuron.dynamics(xi)
@@ -458,7 +460,7 @@ def test_single_time_step_and_no_grad():
         assert_identical(stock[key], fast[key], key)
     with torch.no_grad():
         ref = slayer.neuron.cuba.Neuron(**NEURON)(x)
-        with fast_cuba.enabled():
+        with kernels.enabled():
             got = slayer.neuron.cuba.Neuron(**NEURON)(x)
     assert_identical(ref, got, "no_grad spikes")
 
@@ -467,17 +469,27 @@ def test_single_time_step_and_no_grad():
 
 
 def test_enable_disable_restore_stock_functions():
-    was = fast_cuba.is_enabled()
-    fast_cuba.disable()
-    stock = [getattr(owner, attr) for owner, attr, _fn, _key in fast_cuba._patches()]
-    assert fast_cuba.enable() is True and fast_cuba.is_enabled()
-    for (owner, attr, fn, _key), orig in zip(fast_cuba._patches(), stock):
+    was = kernels.is_enabled()
+    kernels.disable()
+    stock = [getattr(owner, attr) for owner, attr, _fn, _key in patches._patches()]
+    assert kernels.enable() is True and kernels.is_enabled()
+    for (owner, attr, fn, _key), orig in zip(patches._patches(), stock):
         assert getattr(owner, attr) is not orig, attr
-    with fast_cuba.enabled(False):
-        assert not fast_cuba.is_enabled()
-        assert [getattr(o, a) for o, a, _f, _k in fast_cuba._patches()] == stock
-    assert fast_cuba.is_enabled()
-    fast_cuba.disable()
-    assert [getattr(o, a) for o, a, _f, _k in fast_cuba._patches()] == stock
+    with kernels.enabled(False):
+        assert not kernels.is_enabled()
+        assert [getattr(o, a) for o, a, _f, _k in patches._patches()] == stock
+    assert kernels.is_enabled()
+    kernels.disable()
+    assert [getattr(o, a) for o, a, _f, _k in patches._patches()] == stock
     if was:
-        fast_cuba.enable()
+        kernels.enable()
+
+
+def test_every_patch_point_names_tests_that_exist_here():
+    # the one list of patch points (neurofed.kernels.PATCHES) says which tests prove each
+    # replacement bit-identical; they must be tests of this module
+    assert {p.key for p in kernels.PATCHES} == {key for _o, _a, _f, key in patches._patches()}
+    for p in kernels.PATCHES:
+        assert p.proof, p.key
+        for name in p.proof:
+            assert callable(globals().get(name)) and name.startswith("test_"), (p.key, name)

@@ -87,11 +87,11 @@ class Experiment:
         if threads:
             torch.set_num_threads(int(threads))
         if cfg["federation"].get("fast_kernels", True):
-            from neurofed.models import fast_cuba
+            from neurofed import kernels
 
             # same spikes as stock SLAYER, faster on CPU; gradients bit-identical unless
             # fast_gradients (then equal up to float32 rounding)
-            fast_cuba.enable(gradients="fast" if cfg["federation"].get("fast_gradients") else "exact")
+            kernels.enable(gradients="fast" if cfg["federation"].get("fast_gradients") else "exact")
         self.dataset, self.parts = load_partitioned(cfg)
         ds = self.dataset
         self.counts = label_counts(ds.y_train, self.parts, ds.num_classes)

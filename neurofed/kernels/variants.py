@@ -1,0 +1,125 @@
+"""Compiling the C++ kernels (``csrc/``) once per instruction-set variant.
+
+A variant is a set of compiler flags: on x86-64 the psABI levels (``-march=x86-64-v2``,
+``v3`` = AVX2 + FMA, ``v4`` = AVX-512, ``v4+vnni``), never ``-march=native`` (its code
+may not run on another CPU sharing the cache folder); ``generic`` is the compiler's
+baseline for any machine (the only one on AArch64). Each build is cached under
+``~/.cache/neurofed/ext`` (``NEUROFED_EXT_DIR``) by a hash of the sources, the flags
+and the torch version. :func:`build` loads the highest variant this CPU runs
+(``NEUROFED_KERNELS`` picks another); tests and benchmarks load others with
+:func:`build_variant`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import threading
+from pathlib import Path
+
+import torch
+
+CSRC = Path(__file__).with_name("csrc")
+# No -ffast-math and no FMA contraction: the kernels must round exactly like torch.
+CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
+VARIANTS = {
+    "generic": [],
+    "x86-64-v2": ["-march=x86-64-v2"],
+    "x86-64-v3": ["-march=x86-64-v3"],
+    "x86-64-v4": ["-march=x86-64-v4", "-mprefer-vector-width=512"],
+    "x86-64-v4+vnni": ["-march=x86-64-v4", "-mavx512vnni", "-mprefer-vector-width=512"],
+}
+# /proc/cpuinfo flags each x86-64 variant adds to the one before (gcc's definition of the levels)
+_X86_LEVELS = [
+    ("x86-64-v2", {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"}),
+    ("x86-64-v3", {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"}),
+    ("x86-64-v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}),
+    ("x86-64-v4+vnni", {"avx512_vnni"}),
+]
+
+_lock = threading.Lock()
+_built: dict = {}  # variant -> extension module
+_ext = None  # what build() loaded
+_error: str | None = None
+variant: str | None = None  # the variant build() loaded
+
+
+def runnable_variants() -> list[str]:
+    """The variants this CPU can execute, lowest first ("generic" always)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return ["generic"]
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            flags = set(next((ln.split(":", 1)[1].split() for ln in fh if ln.startswith("flags")), []))
+    except OSError:  # not Linux: torch's own CPU probe
+        levels = {"AVX2": 2, "AVX512": 3}.get(torch.backends.cpu.get_cpu_capability(), 0)
+        return ["generic"] + [name for name, _ in _X86_LEVELS[:levels]]
+    out = ["generic"]
+    for name, needs in _X86_LEVELS:
+        if not needs <= flags:
+            break
+        out.append(name)
+    return out
+
+
+def default_variant() -> str:
+    """``NEUROFED_KERNELS`` if set, else the highest variant this CPU runs."""
+    forced = os.environ.get("NEUROFED_KERNELS")
+    if forced:
+        if forced not in VARIANTS:
+            raise ValueError(f"NEUROFED_KERNELS={forced!r}; allowed: {', '.join(VARIANTS)}")
+        return forced
+    return runnable_variants()[-1]
+
+
+def _module_name(name: str) -> str:
+    h = hashlib.sha1()
+    for path in sorted(CSRC.iterdir()):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    h.update(" ".join(CFLAGS + VARIANTS[name] + [torch.__version__]).encode())
+    return f"neurofed_kernels_{name.replace('-', '').replace('+', '_')}_{h.hexdigest()[:12]}"
+
+
+def build_variant(name: str, verbose: bool = False):
+    """Compile (or load the cached) extension of one variant; raises if it cannot be
+    built. A variant the CPU cannot run may be built (to check it compiles), not called."""
+    if name not in VARIANTS:
+        raise ValueError(f"kernels.build_variant: variant={name!r}; allowed: {', '.join(VARIANTS)}")
+    with _lock:
+        if name not in _built:
+            from torch.utils.cpp_extension import load
+
+            module = _module_name(name)
+            root = os.environ.get("NEUROFED_EXT_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "neurofed",
+                                                                      "ext")
+            folder = os.path.join(root, module)
+            os.makedirs(folder, exist_ok=True)
+            _built[name] = load(name=module, sources=[str(CSRC / "module.cpp")], extra_cflags=CFLAGS + VARIANTS[name],
+                                extra_include_paths=[str(CSRC)], extra_ldflags=["-fopenmp"], build_directory=folder,
+                                verbose=verbose)
+        return _built[name]
+
+
+def build(verbose: bool = False):
+    """The extension for :func:`default_variant` (compiled on first use, about half a
+    minute), or None if it cannot be built (:func:`error` says why)."""
+    global _ext, _error, variant
+    if _ext is None and _error is None:
+        try:
+            name = default_variant()
+            _ext, variant = build_variant(name, verbose=verbose), name
+        except Exception as exc:  # no compiler, no headers, ...
+            msg = str(exc).strip().splitlines()
+            _error = f"{type(exc).__name__}: {msg[-1] if msg else ''}"
+    return _ext
+
+
+def error() -> str | None:
+    """Why :func:`build` returned None (None if it did not)."""
+    return _error
+
+
+def is_available() -> bool:
+    """True if the C++ extension is (or can be) built."""
+    return build() is not None
