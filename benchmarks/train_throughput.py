@@ -305,9 +305,15 @@ def main(argv=None):
     emit = report.emit
     emit(machine_header("train_throughput",
                         "(shared machine: the paths take turns; samples/s from each path's best step)"))
+    from neurofed.kernels import variants  # names the variant only; the workers build and load it
+
+    cpu_flags = sorted({f for f in open("/proc/cpuinfo").read().split() if f.startswith(("avx512", "avx2"))}
+                       if os.path.exists("/proc/cpuinfo") else [])
+    emit(f"# kernels: variant {variants.default_variant()} (this CPU runs: {', '.join(variants.runnable_variants())}; "
+         f"flags: {' '.join(cpu_flags) or 'no AVX2'})")
     emit("# baseline: stock lava-dl 0.6.0 SLAYER CPU path (Python time-step loop, int64 fixed point)")
     emit("# fast:     neurofed.kernels.enable(): fused C++ CUBA neuron kernels (+ one-step delay),")
-    emit("#           8-bit integer (AVX-512 VNNI), spike-driven and time-lane synapse forward, pooling kernels;")
+    emit("#           8-bit integer (AVX-512 VNNI only), spike-driven and time-lane synapse forward, pooling kernels;")
     emit("#           bit-identical spikes and gradients")
     emit("# fast-grad: kernels.enable(gradients='fast'): the same, plus spike-driven / time-lane weight")
     emit("#           gradients, time-lane 1x1 input gradients and the surrogate exp inside the neuron backward;")
@@ -362,6 +368,7 @@ def main(argv=None):
                 emit(f"  where a fast-path step goes ({prof_steps} profiled steps, operator self CPU time):")
                 for line in breakdown_lines(*profiled, prof_steps):
                     emit(line)
+            emit(f"  kernel variant that ran: {infos['fast'].get('variant')}")
             if not infos["fast"].get("fast_enabled", False):
                 emit("  WARNING: the fast path could not be enabled (extension build failed)")
             emit("")

@@ -192,17 +192,17 @@ def test_conv_and_dense_blocks_with_large_fan_in(monkeypatch, weight_scale, kern
     (1, 17, 300, 5, 3, 33, 3, 1, 0, 0.12),
     (2, 64, 8, 3, 3, 7, 3, 1, 1, 0.0),
 ])
-def test_spike_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad, p):
+def test_spike_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad, p, variant_ext):
     x = spikes(N, Ci, H, W, T, p=p, seed=Ci)
     g = torch.Generator().manual_seed(Co)
     w = quantize_8bit(torch.randn(Co, Ci, k, k, 1, generator=g) * 3)
     ref = torch.nn.functional.conv3d(x, w, None, (stride, stride, 1), (pad, pad, 0))
-    z = EXT.spike_conv_fwd(x, w.reshape(w.shape[:4]).contiguous(), stride, stride, pad, pad, 1.0)
+    z = variant_ext.spike_conv_fwd(x, w.reshape(w.shape[:4]).contiguous(), stride, stride, pad, pad, 1.0)
     assert_identical(ref, z, "conv output")
     # declines (caller falls back to F.conv3d) when the result might not be exact
-    assert EXT.spike_conv_fwd(x * 0.5 + (x == 0) * 0.25, w.reshape(w.shape[:4]).contiguous(),
+    assert variant_ext.spike_conv_fwd(x * 0.5 + (x == 0) * 0.25, w.reshape(w.shape[:4]).contiguous(),
                                          stride, stride, pad, pad, 1.0) is None
-    assert EXT.spike_conv_fwd(x, (w * (1 + 1e-6)).reshape(w.shape[:4]).contiguous(),
+    assert variant_ext.spike_conv_fwd(x, (w * (1 + 1e-6)).reshape(w.shape[:4]).contiguous(),
                                          stride, stride, pad, pad, 1.0) is None
 
 
@@ -213,16 +213,16 @@ def test_spike_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad, p):
     (2, 2, 5, 6, 6, 33, 5, 1, 2),  # 5x5 kernel, odd channel count (one channel at a time)
     (1, 7, 8, 5, 4, 5, 3, 1, 0),  # fan-in 63, no padding
 ])
-def test_time_lane_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad):
+def test_time_lane_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad, variant_ext):
     x = spikes(N, Ci, H, W, T, p=0.4, seed=Ci)
     w = quantize_8bit(torch.randn(Co, Ci, k, k, 1, generator=torch.Generator().manual_seed(Co)) * 3)
     ref = torch.nn.functional.conv3d(x, w, None, (stride, stride, 1), (pad, pad, 0))
     w4 = w.reshape(w.shape[:4]).contiguous()
-    z = EXT.tlane_conv_fwd(x, w4, stride, stride, pad, pad)
+    z = variant_ext.tlane_conv_fwd(x, w4, stride, stride, pad, pad)
     assert_identical(ref, z, "conv output")
     # declines (caller falls back to F.conv3d) when the result might not be exact
-    assert EXT.tlane_conv_fwd(x * 0.5 + (x == 0) * 0.25, w4, stride, stride, pad, pad) is None
-    assert EXT.tlane_conv_fwd(x, w4 * (1 + 1e-6), stride, stride, pad, pad) is None
+    assert variant_ext.tlane_conv_fwd(x * 0.5 + (x == 0) * 0.25, w4, stride, stride, pad, pad) is None
+    assert variant_ext.tlane_conv_fwd(x, w4 * (1 + 1e-6), stride, stride, pad, pad) is None
 
 
 @needs("vnni_conv_fwd")
@@ -232,23 +232,23 @@ def test_time_lane_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad)
     (2, 512, 10, 1, 1, 16, 1, 1, 0),  # a dense layer (1x1): 10 outputs = blocks of 8 + 2
     (1, 9, 37, 6, 5, 33, 5, 1, 2),  # 5x5 kernel; 37 outputs = 16 + 16 + 4 + 1
 ])
-def test_8bit_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad):
+def test_8bit_conv_kernel_equals_conv3d(N, Ci, Co, H, W, T, k, stride, pad, variant_ext):
     x = spikes(N, Ci, H, W, T, p=0.3, seed=Ci)
     w = quantize_8bit((torch.randn(Co, Ci, k, k, 1, generator=torch.Generator().manual_seed(Co)) * 1.5).clamp(-3.95, 3.95))
     assert 64 <= w.abs().max() * 32 < 128  # SLAYER's grid is 2^-5: int8 weights, the full range used
     ref = torch.nn.functional.conv3d(x, w, None, (stride, stride, 1), (pad, pad, 0))
     w4 = w.reshape(w.shape[:4]).contiguous()
-    z = EXT.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.0)
+    z = variant_ext.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.0)
     assert_identical(ref, z, "conv output")
     # declines (the caller tries the next kernel) when 8-bit products cannot give the exact sum
-    assert EXT.vnni_conv_fwd(x * 0.5 + (x == 0) * 0.25, w4, stride, stride, pad, pad, 0.0) is None
-    assert EXT.vnni_conv_fwd(x, w4 * (1 + 1e-6), stride, stride, pad, pad, 0.0) is None
+    assert variant_ext.vnni_conv_fwd(x * 0.5 + (x == 0) * 0.25, w4, stride, stride, pad, pad, 0.0) is None
+    assert variant_ext.vnni_conv_fwd(x, w4 * (1 + 1e-6), stride, stride, pad, pad, 0.0) is None
     beyond_int8 = w4.clone()
     beyond_int8.view(-1)[0] = 128 / 32  # 128 on the 2^-5 grid
-    assert EXT.vnni_conv_fwd(x, beyond_int8, stride, stride, pad, pad, 0.0) is None
+    assert variant_ext.vnni_conv_fwd(x, beyond_int8, stride, stride, pad, pad, 0.0) is None
     # and leaves inputs sparser than min_density (30 % active here) to the spike-driven kernel
-    assert EXT.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.4) is None
-    assert EXT.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.2) is not None
+    assert variant_ext.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.4) is None
+    assert variant_ext.vnni_conv_fwd(x, w4, stride, stride, pad, pad, 0.2) is not None
 
 
 def _optional_kernel_call(kernel, ext):
@@ -493,3 +493,19 @@ def test_every_patch_point_names_tests_that_exist_here():
         assert p.proof, p.key
         for name in p.proof:
             assert callable(globals().get(name)) and name.startswith("test_"), (p.key, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant, cxx, machine", [
+    ("x86-64-v4+vnni", "g++", "x86-64"),  # AVX-512 + VNNI: compiles on any x86-64 machine, runs only there
+    ("generic", "aarch64-linux-gnu-g++", "aarch64"),  # Debian's g++-aarch64-linux-gnu
+])
+def test_kernels_compile_for_other_cpus(variant, cxx, machine):
+    import shutil
+    import subprocess
+
+    if shutil.which(cxx) is None:
+        pytest.skip(f"{cxx} is not installed")
+    obj = variants.compile_check(variant, cxx=cxx)
+    header = subprocess.run(["readelf", "-h", obj], capture_output=True, text=True, check=True).stdout
+    assert {"x86-64": "X86-64", "aarch64": "AArch64"}[machine] in header

@@ -22,7 +22,8 @@ from neurofed.kernels import ops, variants  # noqa: E402
 if not kernels.is_available():  # pragma: no cover - no C++ toolchain
     pytest.skip(f"kernel extension unavailable: {variants.error()}", allow_module_level=True)
 
-from test_fast_cuba import EXT, KERNELS, NEURON, _CountingExt, bits, needs, quantize_8bit, spikes  # noqa: E402
+from test_fast_cuba import (EXT, KERNELS, NEURON, _CountingExt, bits, needs, quantize_8bit,  # noqa: E402
+                            spikes, variant_ext)  # noqa: F401 (variant_ext: a fixture)
 
 # Relative to the largest |entry| of the stock gradient tensor. Measured: <= 5e-7
 # for the network below (stock itself moves by ~2e-6 between thread counts).
@@ -42,14 +43,14 @@ def conv_weight_grad(x, g, w, stride, padding, dtype=torch.float32):
 # --------------------------------------------------------------------------- kernels
 
 
-def test_surrogate_exp_within_one_ulp_of_torch_exp():
+def test_surrogate_exp_within_one_ulp_of_torch_exp(variant_ext):
     x = torch.cat([torch.linspace(-87.33, 0.0, 1_000_003), torch.tensor([0.0, -0.0, -1e-30, -87.33])])
-    ours = EXT.surrogate_exp_tensor(x)
+    ours = variant_ext.surrogate_exp_tensor(x)
     assert ulps(ours, torch.exp(x)).max().item() <= 1
     # below the normal range torch.exp returns subnormals; the kernel returns 0
     tiny = torch.linspace(-300.0, -87.34, 10_001)
     assert torch.exp(tiny).max().item() < torch.finfo(torch.float32).tiny
-    assert torch.equal(EXT.surrogate_exp_tensor(tiny), torch.zeros_like(tiny))
+    assert torch.equal(variant_ext.surrogate_exp_tensor(tiny), torch.zeros_like(tiny))
 
 
 WGRAD_CASES = [  # N, Ci, Co, H, W, T, kernel, padding, spike probability (stride 1)
@@ -63,13 +64,13 @@ WGRAD_CASES = [  # N, Ci, Co, H, W, T, kernel, padding, spike probability (strid
 
 @needs("spike_weight_grad")
 @pytest.mark.parametrize("N, Ci, Co, H, W, T, k, pad, p", WGRAD_CASES)
-def test_spike_weight_grad_is_a_correctly_ordered_float32_sum(N, Ci, Co, H, W, T, k, pad, p):
+def test_spike_weight_grad_is_a_correctly_ordered_float32_sum(N, Ci, Co, H, W, T, k, pad, p, variant_ext):
     x = spikes(N, Ci, H, W, T, p=p, seed=N * Ci)
     w = torch.randn(Co, Ci, k, k, 1)
     stride = 1
     Ho, Wo = H + 2 * pad - k + 1, W + 2 * pad - k + 1
     g = torch.randn(N, Co, Ho, Wo, T, generator=torch.Generator().manual_seed(Co))
-    ours = EXT.spike_weight_grad(x, g, k, k, stride, stride, pad, pad, 1.0).view(w.shape)
+    ours = variant_ext.spike_weight_grad(x, g, k, k, stride, stride, pad, pad, 1.0).view(w.shape)
     exact = conv_weight_grad(x, g, w, stride, pad, torch.float64)
     magnitude = conv_weight_grad(x, g.abs(), w, stride, pad, torch.float64)  # sum of |terms|
     stock = conv_weight_grad(x, g, w, stride, pad)
@@ -83,9 +84,9 @@ def test_spike_weight_grad_is_a_correctly_ordered_float32_sum(N, Ci, Co, H, W, T
 @pytest.mark.parametrize("kernel, Ci, Co, p, extra", [
     pytest.param("spike_weight_grad", 48, 40, 0.1, (1.0,), marks=needs("spike_weight_grad")),
     pytest.param("tlane_weight_grad", 2, 24, 0.3, (), marks=needs("tlane_weight_grad"))])
-def test_weight_grad_kernels_do_not_depend_on_the_thread_count(kernel, Ci, Co, p, extra):
+def test_weight_grad_kernels_do_not_depend_on_the_thread_count(kernel, Ci, Co, p, extra, variant_ext):
     x, g = spikes(8, Ci, 12, 12, 16, p=p), torch.randn(8, Co, 12, 12, 16)
-    weight_grad = getattr(EXT, kernel)
+    weight_grad = getattr(variant_ext, kernel)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -98,17 +99,17 @@ def test_weight_grad_kernels_do_not_depend_on_the_thread_count(kernel, Ci, Co, p
 
 
 @needs("spike_weight_grad")
-def test_spike_weight_grad_declines_graded_and_dense_inputs_and_other_shapes():
+def test_spike_weight_grad_declines_graded_and_dense_inputs_and_other_shapes(variant_ext):
     g = torch.randn(2, 8, 5, 5, 4)
     graded = spikes(2, 32, 5, 5, 4) * 0.5
-    assert EXT.spike_weight_grad(graded, g, 3, 3, 1, 1, 1, 1, 1.0) is None
+    assert variant_ext.spike_weight_grad(graded, g, 3, 3, 1, 1, 1, 1, 1.0) is None
     dense = spikes(2, 32, 5, 5, 4, p=0.5)
-    assert EXT.spike_weight_grad(dense, g, 3, 3, 1, 1, 1, 1, 0.2) is None
+    assert variant_ext.spike_weight_grad(dense, g, 3, 3, 1, 1, 1, 1, 0.2) is None
     sparse = spikes(2, 32, 5, 5, 4, p=0.1)  # stride 2 and 4x4 kernels are left to oneDNN
-    assert EXT.spike_weight_grad(sparse, g[:, :, :3, :3], 3, 3, 2, 2, 1, 1, 1.0) is None
-    assert EXT.spike_weight_grad(sparse, g[:, :, :4, :4], 4, 4, 1, 1, 1, 1, 1.0) is None
+    assert variant_ext.spike_weight_grad(sparse, g[:, :, :3, :3], 3, 3, 2, 2, 1, 1, 1.0) is None
+    assert variant_ext.spike_weight_grad(sparse, g[:, :, :4, :4], 4, 4, 1, 1, 1, 1, 1.0) is None
     silent = torch.zeros(2, 32, 5, 5, 4)
-    assert torch.equal(EXT.spike_weight_grad(silent, g, 3, 3, 1, 1, 1, 1, 0.2),
+    assert torch.equal(variant_ext.spike_weight_grad(silent, g, 3, 3, 1, 1, 1, 1, 0.2),
                        torch.zeros(8, 32, 3, 3))
 
 
@@ -124,14 +125,15 @@ TLANE_CASES = [  # N, Ci, Co, H, W, T, kernel, stride, padding; graded (non-spik
 @needs("tlane_weight_grad")
 @pytest.mark.parametrize("N, Ci, Co, H, W, T, k, stride, pad", TLANE_CASES)
 @pytest.mark.parametrize("graded", [False, True])
-def test_time_lane_weight_grad_is_a_correctly_ordered_float32_sum(N, Ci, Co, H, W, T, k, stride, pad, graded):
+def test_time_lane_weight_grad_is_a_correctly_ordered_float32_sum(N, Ci, Co, H, W, T, k, stride, pad, graded,
+                                                                 variant_ext):
     x = spikes(N, Ci, H, W, T, p=0.3, seed=Ci)
     if graded:
         x = x * torch.rand(x.shape, generator=torch.Generator().manual_seed(3))
     w = torch.randn(Co, Ci, k, k, 1)
     Ho, Wo = (H + 2 * pad - k) // stride + 1, (W + 2 * pad - k) // stride + 1
     g = torch.randn(N, Co, Ho, Wo, T, generator=torch.Generator().manual_seed(Co))
-    ours = EXT.tlane_weight_grad(x, g, k, k, stride, stride, pad, pad).view(w.shape)
+    ours = variant_ext.tlane_weight_grad(x, g, k, k, stride, stride, pad, pad).view(w.shape)
     exact = conv_weight_grad(x, g, w, stride, pad, torch.float64)
     magnitude = conv_weight_grad(x.abs(), g.abs(), w, stride, pad, torch.float64)
     stock = conv_weight_grad(x, g, w, stride, pad)
@@ -150,7 +152,7 @@ def test_time_lane_weight_grad_is_a_correctly_ordered_float32_sum(N, Ci, Co, H, 
     (2, 5, 7, 6, 6, 8, 5, 1),  # 5x5, padding below (k - 1) / 2
     (2, 4, 3, 4, 5, 16, 3, 0),  # no padding
 ])
-def test_time_lane_input_grad(N, Ci, Co, H, W, T, k, pad):
+def test_time_lane_input_grad(N, Ci, Co, H, W, T, k, pad, variant_ext):
     kernel = "tlane_input_grad_1x1" if k == 1 else "tlane_input_grad"
     if kernel not in KERNELS:
         pytest.skip(f"{kernel} is not in the {kernels.variant()} build")
@@ -158,9 +160,9 @@ def test_time_lane_input_grad(N, Ci, Co, H, W, T, k, pad):
     g = torch.randn(N, Co, Ho, Wo, T, generator=torch.Generator().manual_seed(1))
     w = torch.randn(Co, Ci, k, k, 1, generator=torch.Generator().manual_seed(2))
     if k == 1:
-        ours = EXT.tlane_input_grad_1x1(g, w.reshape(Co, Ci).contiguous())
+        ours = variant_ext.tlane_input_grad_1x1(g, w.reshape(Co, Ci).contiguous())
     else:
-        ours = EXT.tlane_input_grad(g, w.reshape(Co, Ci, k, k).contiguous(), pad, pad)
+        ours = variant_ext.tlane_input_grad(g, w.reshape(Co, Ci, k, k).contiguous(), pad, pad)
 
     def input_grad(dtype, gg=g, ww=w):
         return torch.ops.aten.convolution_backward(
@@ -215,9 +217,13 @@ def test_network_step_same_spikes_and_gradients_within_tolerance(monkeypatch):
     # 10-output dense layer, the dense layer's input gradient and the three
     # convolutions' (8x8 and 4x4 images) input gradients (the neuron backward's inline
     # exp is tested above), each returning a result at least once
-    expected = {"spike_weight_grad": 2, "tlane_weight_grad": 2, "tlane_input_grad_1x1": 1, "tlane_input_grad": 3}
+    # (with AVX2's 8 vector registers the head's weight gradient and the convolutions'
+    # input gradients stay with oneDNN, measured faster there: see ops._WIDE_REGS)
+    wide = EXT.regs() >= ops._WIDE_REGS
+    expected = {"spike_weight_grad": 2, "tlane_weight_grad": 2 if wide else 1, "tlane_input_grad_1x1": 1,
+                "tlane_input_grad": 3 if wide else 0}
     for kernel, n in expected.items():
-        assert fast_calls.count(kernel) == n and (fast_ran.count(kernel) > 0) == (kernel in KERNELS), kernel
+        assert fast_calls.count(kernel) == n and (fast_ran.count(kernel) > 0) == (n > 0), kernel
     assert kernels.gradients() == "exact"  # enabled() restored the mode
     assert stock_out.sum() > 0
     assert torch.equal(bits(stock_out), bits(fast_out)) and torch.equal(bits(stock_out), bits(exact_out))

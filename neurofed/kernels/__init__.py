@@ -10,8 +10,12 @@ attributes only; no installed file changes) with a small C++ extension:
 every patch point is listed, with the lava-dl function it replaces and the tests that
 prove it bit-identical, in :data:`neurofed.kernels.patches.PATCHES`. The package:
 
-* ``csrc/`` the C++ (one translation unit, ``module.cpp``): ``common.h`` shared
-  helpers, ``neuron.h``, ``synapse.h``, ``vnni.h``, ``pool.h``;
+* ``csrc/`` the C++ (one translation unit, ``module.cpp``): ``simd.h`` the 16-lane
+  vectors every kernel is written with (GCC/Clang vector extensions: one zmm register
+  on AVX-512, two 8-lane halves elsewhere; x86 intrinsics only where the portable form
+  compiles to slow code, each next to its portable twin), ``common.h`` shared helpers,
+  ``neuron.h``, ``synapse.h``, ``vnni.h`` (8-bit products: vpdpbusd on AVX-512 VNNI,
+  vpmaddubsw on AVX2, shifts elsewhere), ``pool.h``;
 * :mod:`~neurofed.kernels.variants` compiles it per instruction-set variant, cached;
 * :mod:`~neurofed.kernels.ops` the autograd functions calling the kernels;
 * :mod:`~neurofed.kernels.patches` the patch points and :func:`enable` / :func:`disable`.
@@ -94,7 +98,7 @@ unaffected); some backward steps are computed another way:
   deterministic and independent of the thread count, and at least as accurate as
   oneDNN's;
 * the surrogate gradient's ``exp`` is evaluated inside the neuron backward kernel
-  (Cephes polynomial, AVX-512): within 1 ulp of ``torch.exp`` where the result is
+  (Cephes polynomial, 16 lanes, fused multiply-adds where the CPU has them): within 1 ulp of ``torch.exp`` where the result is
   a normal float, 0 where torch.exp returns a subnormal (< 1.2e-38).
 
 Tolerance (``tests/test_fast_gradients.py``): on a 5-block test network every

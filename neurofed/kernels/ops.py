@@ -107,7 +107,8 @@ class _Shift1(torch.autograd.Function):
         return ext.shift1(g.contiguous().view(-1, T), False).view(g.shape)
 
 
-# Synapse forward for fan-in >= 64: the 8-bit integer kernel (AVX-512 VNNI), or the
+# Synapse forward for fan-in >= 64: the 8-bit integer kernel (VNNI on AVX-512; its AVX2
+# twin was measured 1.5x (digits 16->32) to 3x (S-VGG9 64->64) faster than oneDNN), or the
 # spike-driven one below Co * KH * KW / 28800 active inputs (measured break-even
 # against the 8-bit kernel, 3x3 kernels at batch 4: ~2 % at 64 output channels, ~5 %
 # at 128, ~8 % at 256), and without VNNI at up to 15 % (against F.conv3d: ~20-30 %).
@@ -132,6 +133,17 @@ _TLANE_INPUT_GRAD_MAX_WEIGHTS = 16384
 # outputs (classifier heads), where oneDNN's 16-wide blocking is mostly empty: digits
 # 512->10 0.11 vs 0.17 ms; S-VGG9's 4096->1024 stays with oneDNN (7 vs 10+ ms).
 _TLANE_WGRAD_MAX_DENSE_OUT = 16
+# With 8 vector registers (AVX2) instead of 32 two of these kernels lose to oneDNN
+# (benchmarks at 1 thread, x86-64-v3 on an AMD EPYC): the digits 16->32 4x4 input gradient
+# 1.15 vs 0.89 ms and the 512->10 head's weight gradient 0.46 vs 0.24 ms; the others
+# still win there (first-layer weight gradient 0.46 vs 0.84 ms, spike weight gradient
+# 0.59-0.91 vs 2.1-2.2 ms, 1x1 input gradient 0.10 vs 0.24 ms, inline exp 0.70 vs 0.84).
+_WIDE_REGS = 32
+
+
+def _wide() -> bool:
+    """True where the extension keeps 32 vectors in registers (AVX-512)."""
+    return ext.regs() >= _WIDE_REGS
 
 
 class _SpikeConv(torch.autograd.Function):
@@ -173,7 +185,8 @@ class _SpikeConv(torch.autograd.Function):
         if mode == "fast":
             g = g.contiguous()
             kh, kw = w.shape[2], w.shape[3]
-            dense_head = kh * kw == 1 and w.shape[0] < _TLANE_WGRAD_MAX_DENSE_OUT
+            wide = _wide()
+            dense_head = kh * kw == 1 and w.shape[0] < _TLANE_WGRAD_MAX_DENSE_OUT and wide
             if need_w and (w[0].numel() < _SPARSE_MIN_FANIN or dense_head):  # time as the lane
                 gw = ext.tlane_weight_grad(x, g, kh, kw, stride[0], stride[1], padding[0], padding[1])
             elif need_w and kh * kw > 1:
@@ -185,7 +198,7 @@ class _SpikeConv(torch.autograd.Function):
             if need_x and tuple(stride[:2]) == (1, 1):
                 if kh * kw == 1 and tuple(padding[:2]) == (0, 0):
                     gx = ext.tlane_input_grad_1x1(g, w.detach().reshape(w.shape[:2]).contiguous())
-                elif (x.shape[2] * x.shape[3] <= _TLANE_INPUT_GRAD_MAX_PIXELS
+                elif (wide and x.shape[2] * x.shape[3] <= _TLANE_INPUT_GRAD_MAX_PIXELS
                       and w.numel() <= _TLANE_INPUT_GRAD_MAX_WEIGHTS):
                     gx = ext.tlane_input_grad(g, w.detach().reshape(w.shape[:4]).contiguous(), padding[0], padding[1])
                 need_x = gx is None

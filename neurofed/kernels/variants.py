@@ -101,6 +101,26 @@ def build_variant(name: str, verbose: bool = False):
         return _built[name]
 
 
+def compile_check(name: str, cxx: str = "g++", out_dir: str | None = None) -> str:
+    """Compile the kernels (not the Python bindings) of one variant to an object file
+    with ``cxx`` (e.g. a cross-compiler: ``aarch64-linux-gnu-g++`` with ``name="generic"``)
+    and return its path; raises CalledProcessError with the compiler's message. Checks a
+    variant this machine cannot build or run."""
+    import subprocess
+    import tempfile
+
+    from torch.utils.cpp_extension import include_paths
+
+    if name not in VARIANTS:
+        raise ValueError(f"kernels.compile_check: variant={name!r}; allowed: {', '.join(VARIANTS)}")
+    out = os.path.join(out_dir or tempfile.mkdtemp(prefix="neurofed-kernels-"), f"kernels-{name}.o")
+    source = "".join(f'#include "{h}"\n' for h in ("neuron.h", "synapse.h", "vnni.h", "pool.h"))
+    cmd = [cxx, "-std=c++17", "-x", "c++", "-", "-c", "-o", out, f"-I{CSRC}", *(f"-I{p}" for p in include_paths()),
+           *CFLAGS, *VARIANTS[name]]
+    subprocess.run(cmd, input=source, text=True, check=True, capture_output=True)
+    return out
+
+
 def build(verbose: bool = False):
     """The extension for :func:`default_variant` (compiled on first use, about half a
     minute), or None if it cannot be built (:func:`error` says why)."""

@@ -1,7 +1,8 @@
 // Shared by every kernel: includes, SLAYER's exactness notes, row parallelism, the
 // [16 neurons][T] tile transposes and the weight-grid check of the synapse kernels.
 #pragma once
-#include <torch/extension.h>
+// ATen only (no Python): the kernels also compile on their own, e.g. for another CPU.
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <cstdint>
 #include <vector>

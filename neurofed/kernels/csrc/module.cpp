@@ -1,21 +1,23 @@
 // The extension module: every kernel in one translation unit (torch's headers, most
 // of the build time, are parsed once), and the Python bindings.
+#include <torch/extension.h>
+
 #include "common.h"
 #include "neuron.h"
 #include "pool.h"
 #include "synapse.h"
 #include "vnni.h"
 
-// The optional kernels this build runs (the others return None everywhere and the
-// caller takes the next kernel or the stock call); the tests check exactly these.
+// The optional kernels this build runs: since every kernel has a portable form, all of
+// them (the tests check that each returns a result; ops.py picks which to call).
 std::vector<std::string> kernels() {
-  std::vector<std::string> k = {"spike_conv_fwd", "spike_weight_grad", "tlane_conv_fwd", "tlane_input_grad_1x1",
-                                "tlane_weight_grad", "tlane_input_grad"};
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
-  k.push_back("vnni_conv_fwd");
-#endif
-  return k;
+  return {"spike_conv_fwd", "spike_weight_grad", "tlane_conv_fwd", "tlane_input_grad_1x1", "tlane_weight_grad",
+          "tlane_input_grad", "vnni_conv_fwd"};
 }
+
+// 16-lane vectors the register file holds (32 with AVX-512, 8 with AVX2): ops.py
+// leaves to oneDNN the fast-gradient kernels that were measured slower with 8.
+int64_t regs() { return v16::REGS; }
 
 #define NF_DEF(name) m.def(#name, torch::wrap_pybind_function(name), #name)
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -35,4 +37,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   NF_DEF(pool_fwd);
   NF_DEF(pool_bwd);
   NF_DEF(kernels);
+  NF_DEF(regs);
 }

@@ -4,10 +4,10 @@
 #include "common.h"
 
 // Generic leaky integrator (leaky_integrator._li_dynamics_fwd).
-torch::Tensor li_fwd(torch::Tensor input, torch::Tensor state, int64_t decay_int,
+at::Tensor li_fwd(at::Tensor input, at::Tensor state, int64_t decay_int,
                      double w_scale, double threshold_scaled, bool reset) {
   const int64_t T = input.size(1), R = input.size(0);
-  auto out = torch::empty_like(input);
+  auto out = at::empty_like(input);
   const float* x = input.data_ptr<float>();
   const float* s = state.data_ptr<float>();
   float* y = out.data_ptr<float>();
@@ -29,9 +29,9 @@ torch::Tensor li_fwd(torch::Tensor input, torch::Tensor state, int64_t decay_int
 }
 
 // Generic leaky integrator adjoint (leaky_integrator._li_dynamics_bwd, grad_input).
-torch::Tensor li_bwd(torch::Tensor go, double decay) {
+at::Tensor li_bwd(at::Tensor go, double decay) {
   const int64_t T = go.size(1), R = go.size(0);
-  auto gi = torch::empty_like(go);
+  auto gi = at::empty_like(go);
   const float* g = go.data_ptr<float>();
   float* o = gi.data_ptr<float>();
   const float d = (float)decay;
@@ -249,21 +249,21 @@ static bool is_pow2(double w) {
   return (i & (i - 1)) == 0;
 }
 
-std::vector<torch::Tensor> cuba_fwd(torch::Tensor z, torch::Tensor cstate,
-                                    torch::Tensor vstate, int64_t cdecay_int,
+std::vector<at::Tensor> cuba_fwd(at::Tensor z, at::Tensor cstate,
+                                    at::Tensor vstate, int64_t cdecay_int,
                                     int64_t vdecay_int, double w_scale,
                                     double reset_th_scaled, bool reset,
                                     double spike_th, double tau, bool need_grad,
                                     bool need_last, bool shift) {
   const int64_t T = z.size(1), R = z.size(0);
-  auto spike = torch::empty_like(z);
-  torch::Tensor earg, clast, vlast;
+  auto spike = at::empty_like(z);
+  at::Tensor earg, clast, vlast;
   // earg in tile layout [tile][T][16 rows]: written and read (by cuba_bwd) without a
   // transpose; only torch.exp (elementwise) and cuba_bwd ever see it
-  if (need_grad) earg = torch::empty({(R + V - 1) / V, T, V}, z.options());
+  if (need_grad) earg = at::empty({(R + V - 1) / V, T, V}, z.options());
   if (need_last) {
-    clast = torch::empty({R}, z.options());
-    vlast = torch::empty({R}, z.options());
+    clast = at::empty({R}, z.options());
+    vlast = at::empty({R}, z.options());
   }
   CubaFwdArgs A;
   A.x = z.data_ptr<float>();
@@ -381,10 +381,10 @@ static void cuba_bwd_rows(const float* e, const float* g, float* o, int64_t T,
   }
 }
 
-torch::Tensor cuba_bwd(torch::Tensor ex, torch::Tensor gs, double A, double dv,
+at::Tensor cuba_bwd(at::Tensor ex, at::Tensor gs, double A, double dv,
                        double dc, bool shift, bool inline_exp) {
   const int64_t T = gs.size(1), R = gs.size(0);
-  auto gz = torch::empty_like(gs);
+  auto gz = at::empty_like(gs);
   const float* e = ex.data_ptr<float>();
   const float* g = gs.data_ptr<float>();
   float* o = gz.data_ptr<float>();
@@ -397,7 +397,7 @@ torch::Tensor cuba_bwd(torch::Tensor ex, torch::Tensor gs, double A, double dv,
 }
 
 // surrogate_exp over a tensor (tests compare it with torch.exp).
-torch::Tensor surrogate_exp_tensor(torch::Tensor x) {
+at::Tensor surrogate_exp_tensor(at::Tensor x) {
   auto y = x.clone();
   surrogate_exp_inplace(y.data_ptr<float>(), y.numel());
   return y;
@@ -405,9 +405,9 @@ torch::Tensor surrogate_exp_tensor(torch::Tensor x) {
 
 // One-step time shift of [R, T] rows: forward y[t] = x[t-1], y[0] = 0;
 // backward (adjoint) y[t] = x[t+1], y[T-1] = 0. Data movement only.
-torch::Tensor shift1(torch::Tensor x, bool forward) {
+at::Tensor shift1(at::Tensor x, bool forward) {
   const int64_t T = x.size(1), R = x.size(0);
-  auto y = torch::empty_like(x);
+  auto y = at::empty_like(x);
   const float* src = x.data_ptr<float>();
   float* dst = y.data_ptr<float>();
   at::parallel_for(0, R, std::max<int64_t>(1, 65536 / std::max<int64_t>(T, 1)), [&](int64_t b, int64_t e) {

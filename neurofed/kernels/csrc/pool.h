@@ -9,12 +9,12 @@
 // spike_conv_fwd); returns an undefined tensor otherwise (caller uses F.conv3d).
 // Backward: gx[n,c,ho*KH+i,wo*KW+j,t] = g[n,c,ho,wo,t] * w[i][j], the single
 // term of the convolution's input gradient (exact for any input).
-torch::Tensor pool_fwd(torch::Tensor x, torch::Tensor w) {
+at::Tensor pool_fwd(at::Tensor x, at::Tensor w) {
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
   const int64_t KH = w.size(0), KW = w.size(1), Ho = H / KH, Wo = W / KW;
   const float* wp = w.data_ptr<float>();
-  if (!exact_weights(wp, 1, KH * KW)) return torch::Tensor();
-  auto z = torch::empty({N, C, Ho, Wo, T}, x.options());
+  if (!exact_weights(wp, 1, KH * KW)) return at::Tensor();
+  auto z = at::empty({N, C, Ho, Wo, T}, x.options());
   const float* xp = x.data_ptr<float>();
   float* zp = z.data_ptr<float>();
   std::atomic<bool> binary{true};
@@ -43,14 +43,14 @@ torch::Tensor pool_fwd(torch::Tensor x, torch::Tensor w) {
     }
     if (!ok) binary = false;
   });
-  if (!binary) return torch::Tensor();
+  if (!binary) return at::Tensor();
   return z;
 }
 
-torch::Tensor pool_bwd(torch::Tensor g, torch::Tensor w, int64_t H, int64_t W) {
+at::Tensor pool_bwd(at::Tensor g, at::Tensor w, int64_t H, int64_t W) {
   const int64_t N = g.size(0), C = g.size(1), Ho = g.size(2), Wo = g.size(3), T = g.size(4);
   const int64_t KH = w.size(0), KW = w.size(1);
-  auto gx = torch::empty({N, C, H, W, T}, g.options());  // every element written (H = Ho*KH, W = Wo*KW)
+  auto gx = at::empty({N, C, H, W, T}, g.options());  // every element written (H = Ho*KH, W = Wo*KW)
   const float* gp = g.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* xp = gx.data_ptr<float>();

@@ -31,6 +31,8 @@ static inline void sum_rows_t(const float* const* rows, int64_t nrows, int64_t o
   }
   for (int v = 0; v < NV; ++v) v16::storeu_ps(out + 16 * v, acc[v]);
 }
+// output vectors per sum_rows pass: the accumulators stay in registers
+constexpr int64_t NVMAX = v16::REGS >= 32 ? 16 : v16::REGS - 2;
 static void sum_rows(const float* const* rows, int64_t nrows, int64_t off, int64_t nv, float* out) {
   switch (nv) {
     case 1: sum_rows_t<1>(rows, nrows, off, out); break;
@@ -112,7 +114,7 @@ static bool spike_masks(const float* xp, int64_t N, int64_t Ci, int64_t HWT,
   return binary.load();
 }
 
-torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_t SW,
+at::Tensor spike_conv_fwd(at::Tensor x, at::Tensor w, int64_t SH, int64_t SW,
                              int64_t PH, int64_t PW, double max_density) {
   const int64_t N = x.size(0), Ci = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
   const int64_t Co = w.size(0), KH = w.size(2), KW = w.size(3);
@@ -120,12 +122,12 @@ torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   const int64_t K = Ci * KH * KW;
-  if (Ho <= 0 || Wo <= 0 || N * Ci * H * W * T == 0 || Co == 0) return torch::Tensor();
+  if (Ho <= 0 || Wo <= 0 || N * Ci * H * W * T == 0 || Co == 0) return at::Tensor();
 
   auto check_weights = [&]() { return exact_weights(wp, Co, K); };
   // check the cheaper condition first (unquantized weights fail without a pass over x)
   const bool weights_checked = Co * K <= N * Ci * H * W * T;
-  if (weights_checked && !check_weights()) return torch::Tensor();
+  if (weights_checked && !check_weights()) return at::Tensor();
 
   // Active input channels per position as bit masks; also checks that every input is 0 or 1.
   const int64_t HWT = H * W * T, CiW = (Ci + 15) / 16;
@@ -133,10 +135,10 @@ torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64
   int64_t active = 0;
   const bool binary = spike_masks(xp, N, Ci, HWT, mask, &active);
   // not exact (non-spike input), or too dense for this to beat F.conv3d
-  if (!binary || (double)active > max_density * (double)(N * Ci * HWT)) return torch::Tensor();
-  if (!weights_checked && !check_weights()) return torch::Tensor();
+  if (!binary || (double)active > max_density * (double)(N * Ci * HWT)) return at::Tensor();
+  if (!weights_checked && !check_weights()) return at::Tensor();
   // no input spike at all: every output is the empty sum
-  if (active == 0) return torch::zeros({N, Co, Ho, Wo, T}, x.options());
+  if (active == 0) return at::zeros({N, Co, Ho, Wo, T}, x.options());
 
   // weights as [KH][KW][Ci][CoP] (output channel contiguous, zero padded to 16)
   const int64_t CoP = (Co + 15) / 16 * 16;
@@ -159,7 +161,7 @@ torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64
     }
   });
 
-  auto z = torch::empty({N, Co, Ho, Wo, T}, x.options());
+  auto z = at::empty({N, Co, Ho, Wo, T}, x.options());
   float* zp = z.data_ptr<float>();
   const int64_t TB = 16;
   const int64_t KK = KH * KW, CoV = CoP / 16, cstride = Ho * Wo * T;
@@ -200,8 +202,8 @@ torch::Tensor spike_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64
               }
             }
             float* a = acc + tt * CoP_;
-            for (int64_t v0 = 0; v0 < CoV; v0 += 16)
-              sum_rows(rows, nr, v0 * 16, std::min<int64_t>(16, CoV - v0), a + v0 * 16);
+            for (int64_t v0 = 0; v0 < CoV; v0 += NVMAX)
+              sum_rows(rows, nr, v0 * 16, std::min<int64_t>(NVMAX, CoV - v0), a + v0 * 16);
           }
           // acc[tt][co] -> z[n, co, ho, wo, t0 + tt]
           float* zb = zp + ((n * Co_ * Ho_ + ho) * Wo_ + wo) * T_ + t0;
@@ -263,7 +265,7 @@ static int64_t binary_count(const float* xp, int64_t n) {
 
 static bool all_binary(const float* xp, int64_t n) { return binary_count(xp, n) >= 0; }
 
-static void tlane_setup(TLaneConv& c, const torch::Tensor& x, int64_t Co, int64_t KH, int64_t KW, int64_t SH,
+static void tlane_setup(TLaneConv& c, const at::Tensor& x, int64_t Co, int64_t KH, int64_t KW, int64_t SH,
                         int64_t SW, int64_t PH, int64_t PW) {
   const int64_t N = x.size(0), Ci = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
   c.N = N; c.Ci = Ci; c.Hp = H + 2 * PH; c.Wp = W + 2 * PW; c.T = T; c.Co = Co; c.K = Ci * KH * KW;
@@ -324,14 +326,14 @@ static void tlane_fwd_rows(const TLaneConv& c, const float* wT, float* zp, int64
   }
 }
 
-static torch::Tensor tlane_conv(const torch::Tensor& x, const float* wT, int64_t Co, int64_t KH, int64_t KW,
+static at::Tensor tlane_conv(const at::Tensor& x, const float* wT, int64_t Co, int64_t KH, int64_t KW,
                                 int64_t SH, int64_t SW, int64_t PH, int64_t PW) {
   TLaneConv c;
   tlane_setup(c, x, Co, KH, KW, SH, SW, PH, PW);
-  auto z = torch::empty({c.N, c.Co, c.Ho, c.Wo, c.T}, x.options());
+  auto z = at::empty({c.N, c.Co, c.Ho, c.Wo, c.T}, x.options());
   float* zp = z.data_ptr<float>();
   at::parallel_for(0, c.N * c.Ho, 1, [&](int64_t b, int64_t e) {
-    if (Co % 8 == 0) tlane_fwd_rows<8>(c, wT, zp, b, e);
+    if (Co % 8 == 0 && v16::REGS >= 16) tlane_fwd_rows<8>(c, wT, zp, b, e);
     else if (Co % 4 == 0) tlane_fwd_rows<4>(c, wT, zp, b, e);
     else tlane_fwd_rows<1>(c, wT, zp, b, e);
   });
@@ -340,12 +342,12 @@ static torch::Tensor tlane_conv(const torch::Tensor& x, const float* wT, int64_t
 
 // Synapse forward for a small fan-in: exact (= F.conv3d) for 0/1 inputs and weights
 // passing the grid check of spike_conv_fwd; undefined tensor otherwise.
-torch::Tensor tlane_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_t SW, int64_t PH, int64_t PW) {
+at::Tensor tlane_conv_fwd(at::Tensor x, at::Tensor w, int64_t SH, int64_t SW, int64_t PH, int64_t PW) {
   const int64_t Co = w.size(0), K = w.size(1) * w.size(2) * w.size(3);
   const float* wp = w.data_ptr<float>();
   const bool fits = x.size(2) + 2 * PH >= w.size(2) && x.size(3) + 2 * PW >= w.size(3);  // else F.conv3d reports it
-  if (!fits || x.numel() == 0 || Co == 0 || !exact_weights(wp, Co, K)) return torch::Tensor();
-  if (!all_binary(x.data_ptr<float>(), x.numel())) return torch::Tensor();
+  if (!fits || x.numel() == 0 || Co == 0 || !exact_weights(wp, Co, K)) return at::Tensor();
+  if (!all_binary(x.data_ptr<float>(), x.numel())) return at::Tensor();
   std::vector<float> wT(K * Co);
   for (int64_t co = 0; co < Co; ++co)
     for (int64_t k = 0; k < K; ++k) wT[k * Co + co] = wp[co * K + k];
@@ -355,7 +357,7 @@ torch::Tensor tlane_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64
 // "fast" gradients. Input gradient of a 1x1 synapse (stride 1, no padding):
 // gx[n, ci] = sum over co of w[co, ci] * g[n, co], a 1x1 T-lane convolution of g whose
 // [K][Co] weight layout is w [Co][Ci] itself. Float32 sums over co in order.
-torch::Tensor tlane_input_grad_1x1(torch::Tensor g, torch::Tensor w) {
+at::Tensor tlane_input_grad_1x1(at::Tensor g, at::Tensor w) {
   return tlane_conv(g, w.data_ptr<float>(), w.size(1), 1, 1, 1, 1, 0, 0);
 }
 
@@ -421,15 +423,15 @@ static void tlane_wgrad_tail(const TLaneConv& c, const float* gp, int64_t co0, i
 // CB x KC accumulators + CB gradient rows + 1 input row within the 32 vector registers
 template <int CB>
 static void tlane_wgrad_channels(const TLaneConv& c, const float* gp, int64_t co0, double* dacc) {
-  constexpr int KC = CB >= 4 ? 6 : 12;
+  constexpr int KC = std::max(1, (CB >= 4 ? 6 : 12) * v16::REGS / 32);
   for (int64_t k0 = 0; k0 < c.K; k0 += KC) tlane_wgrad_tail<CB, KC>(c, gp, co0, k0, std::min<int64_t>(KC, c.K - k0), dacc);
 }
 
-torch::Tensor tlane_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
+at::Tensor tlane_weight_grad(at::Tensor x, at::Tensor g, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
                                 int64_t PH, int64_t PW) {
   TLaneConv c;
   tlane_setup(c, x, g.size(1), KH, KW, SH, SW, PH, PW);
-  auto gw = torch::empty({c.Co, c.Ci, KH, KW}, g.options());
+  auto gw = at::empty({c.Co, c.Ci, KH, KW}, g.options());
   const float* gp = g.data_ptr<float>();
   float* gwp = gw.data_ptr<float>();
   // blocks of CB output channels (4, then 2 and 1 for the rest): each pass over the
@@ -512,16 +514,16 @@ static void wgrad_band(const float* xr, const float* gq, int64_t Ci, int64_t HWT
   }
 }
 
-torch::Tensor spike_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
+at::Tensor spike_weight_grad(at::Tensor x, at::Tensor g, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
                                 int64_t PH, int64_t PW, double max_density) {
   const int64_t N = x.size(0), Ci = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
   const int64_t Co = g.size(1), Ho = g.size(2), Wo = g.size(3);
   const bool kernel = (KH == 3 && KW == 3) || (KH == 5 && KW == 5);  // the instantiated sizes
-  if (!kernel || SH != 1 || SW != 1 || PH > KH - 1 || PW > KW - 1 || x.numel() == 0) return torch::Tensor();
+  if (!kernel || SH != 1 || SW != 1 || PH > KH - 1 || PW > KW - 1 || x.numel() == 0) return at::Tensor();
   const int64_t active = binary_count(x.data_ptr<float>(), x.numel());
-  if (active < 0 || (double)active > max_density * (double)x.numel()) return torch::Tensor();
+  if (active < 0 || (double)active > max_density * (double)x.numel()) return at::Tensor();
   // 32 output channels per pass for 3x3 (18 accumulators), 16 for 5x5 (25)
-  const int64_t CB = KH == 3 && Co > 16 ? 32 : 16;
+  const int64_t CB = KH == 3 && Co > 16 && v16::REGS >= 32 ? 32 : 16;
   const int64_t COB = (Co + CB - 1) / CB, KK = KH * KW, HWT = H * W * T;
   const int64_t bh = KH - 1 - PH, bw = KW - 1 - PW, Hq = Ho + 2 * bh, Wq = Wo + 2 * bw;
   const int64_t chunk = std::max<int64_t>(4, (N + 7) / 8), chunks = (N + chunk - 1) / chunk;
@@ -566,7 +568,7 @@ torch::Tensor spike_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, in
       }
     }
   });
-  auto gw = torch::empty({Co, Ci, KH, KW}, g.options());
+  auto gw = at::empty({Co, Ci, KH, KW}, g.options());
   float* gwp = gw.data_ptr<float>();
   at::parallel_for(0, Co * Ci * KK, 4096, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {  // i = (co, ci, k); chunks summed in order
@@ -587,12 +589,12 @@ torch::Tensor spike_weight_grad(torch::Tensor x, torch::Tensor g, int64_t KH, in
 // them). Float32 sums in that fixed order: deterministic, independent of threads.
 // Dense layers keep tlane_input_grad_1x1 (same sums, same order, but it runs along
 // (w, t) rows: digits 512->10 0.05 vs 0.09 ms, 4096->1024 14 vs 17 ms).
-torch::Tensor tlane_input_grad(torch::Tensor g, torch::Tensor w, int64_t PH, int64_t PW) {
+at::Tensor tlane_input_grad(at::Tensor g, at::Tensor w, int64_t PH, int64_t PW) {
   const int64_t N = g.size(0), Co = g.size(1), Ho = g.size(2), Wo = g.size(3), T = g.size(4);
   const int64_t Ci = w.size(1), KH = w.size(2), KW = w.size(3), KK = KH * KW;
   const int64_t H = Ho - 2 * PH + KH - 1, W = Wo - 2 * PW + KW - 1;
-  if (H <= 0 || W <= 0 || w.size(0) != Co) return torch::Tensor();
-  constexpr int CB = 16;
+  if (H <= 0 || W <= 0 || w.size(0) != Co) return at::Tensor();
+  constexpr int CB = v16::REGS >= 32 ? 16 : v16::REGS / 2;  // accumulators (input channels) in registers
   const int64_t CiP = (Ci + CB - 1) / CB * CB;
   // wT[k][co][ci] (ci zero padded to CiP): the CB weights of one (tap, co) are adjacent
   std::vector<float> wT(KK * Co * CiP, 0.f);
@@ -600,7 +602,7 @@ torch::Tensor tlane_input_grad(torch::Tensor g, torch::Tensor w, int64_t PH, int
   for (int64_t co = 0; co < Co; ++co)
     for (int64_t ci = 0; ci < Ci; ++ci)
       for (int64_t k = 0; k < KK; ++k) wT[(k * Co + co) * CiP + ci] = wp[(co * Ci + ci) * KK + k];
-  auto gx = torch::empty({N, Ci, H, W, T}, g.options());
+  auto gx = at::empty({N, Ci, H, W, T}, g.options());
   const float* gp = g.data_ptr<float>();
   float* xp = gx.data_ptr<float>();
   const int64_t TC = (T + 15) / 16;

@@ -1,8 +1,8 @@
-// The 8-bit integer synapse forward (AVX-512 VNNI).
+// The 8-bit integer synapse forward (vpdpbusd on AVX-512 VNNI; its twins elsewhere).
 #pragma once
 #include "common.h"
 
-// ---- Convolutions in 8-bit integers (AVX-512 VNNI) ----
+// ---- Convolutions in 8-bit integers ----
 //
 // Synapse forward for 0/1 inputs and weights w = q * 2^-k with integer q in [-128, 127]
 // (SLAYER's 8-bit quantized weights, as long as |w| < 128 * 2^-k): z = 2^-k * sum q * x,
@@ -13,21 +13,20 @@
 // along T; the input is repacked as [N][Hp][Wp][Ci/4][T16] int32 words (zero padded in
 // H, W, channels and T), so each tap of 16 time steps x 4 channels is one 64-byte load,
 // multiplied with 4 weights broadcast per output channel.
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
 struct VnniConv {
   int64_t CQ, Hp, Wp, TP, KH, KW;
   const int32_t* xq;  // [N][Hp][Wp][CQ][TP]: 4 input channels per word, one byte each
   const int32_t* wq;  // [Co][KH * KW][CQ]: the 4 matching int8 weights per word
-  __m512 scale;       // 2^-k
+  v16::vf scale;       // 2^-k
 };
 
 // OB output channels from co0 of one (n, ho, wo, 16 time steps) output block.
 template <int OB>
 static inline void vnni_block(const VnniConv& c, const int32_t* xr, int64_t co0, float* zb, int64_t zstride,
-                              __mmask16 lm) {
-  __m512i acc[OB];
+                              v16::mask lm) {
+  v16::vi acc[OB];
 #pragma GCC unroll 16
-  for (int j = 0; j < OB; ++j) acc[j] = _mm512_setzero_si512();
+  for (int j = 0; j < OB; ++j) acc[j] = v16::setzero_si512();
   const int64_t word_row = c.CQ * c.TP, wstride = c.KH * c.KW * c.CQ;
   const int32_t* w0 = c.wq + co0 * wstride;
   for (int64_t kh = 0; kh < c.KH; ++kh)
@@ -35,28 +34,28 @@ static inline void vnni_block(const VnniConv& c, const int32_t* xr, int64_t co0,
       const int32_t* xt = xr + (kh * c.Wp + kw) * word_row;
       const int32_t* wt = w0 + (kh * c.KW + kw) * c.CQ;
       for (int64_t cq = 0; cq < c.CQ; ++cq) {
-        const __m512i a = _mm512_loadu_si512(xt + cq * c.TP);
+        const v16::vi a = v16::loadu_si512(xt + cq * c.TP);
 #pragma GCC unroll 16
-        for (int j = 0; j < OB; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], a, _mm512_set1_epi32(wt[j * wstride + cq]));
+        for (int j = 0; j < OB; ++j) acc[j] = v16::dpbusd_epi32(acc[j], a, v16::set1_epi32(wt[j * wstride + cq]));
       }
     }
 #pragma GCC unroll 16
   for (int j = 0; j < OB; ++j)
-    _mm512_mask_storeu_ps(zb + (co0 + j) * zstride, lm, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[j]), c.scale));
+    v16::mask_storeu_ps(zb + (co0 + j) * zstride, lm, v16::mul_ps(v16::cvtepi32_ps(acc[j]), c.scale));
 }
 
-torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_t SW, int64_t PH, int64_t PW,
+at::Tensor vnni_conv_fwd(at::Tensor x, at::Tensor w, int64_t SH, int64_t SW, int64_t PH, int64_t PW,
                             double min_density) {
   const int64_t N = x.size(0), Ci = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
   const int64_t Co = w.size(0), KH = w.size(2), KW = w.size(3), KK = KH * KW;
   VnniConv c;
   c.CQ = (Ci + 3) / 4; c.Hp = H + 2 * PH; c.Wp = W + 2 * PW; c.TP = (T + 15) / 16 * 16; c.KH = KH; c.KW = KW;
   const int64_t CQ = c.CQ, TP = c.TP, Hp = c.Hp, Wp = c.Wp;
-  if (Hp < KH || Wp < KW || x.numel() == 0 || Co == 0) return torch::Tensor();  // F.conv3d reports/handles it
+  if (Hp < KH || Wp < KW || x.numel() == 0 || Co == 0) return at::Tensor();  // F.conv3d reports/handles it
   const int64_t Ho = (Hp - KH) / SH + 1, Wo = (Wp - KW) / SW + 1;
   const float* wp = w.data_ptr<float>();
   int k = 0;
-  if (!exact_weights(wp, Co, Ci * KK, &k)) return torch::Tensor();
+  if (!exact_weights(wp, Co, Ci * KK, &k)) return at::Tensor();
   // q = w * 2^k: an exact product (power of two) and an integer (grid check);
   // bytes [co][kk][ci] (ci padded to 4 * CQ), i.e. words [co][kk][cq]
   const float to_int = std::ldexp(1.f, k);
@@ -64,31 +63,30 @@ torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_
   int8_t* wb = reinterpret_cast<int8_t*>(wq.data());
   std::atomic<bool> int8{true};
   at::parallel_for(0, Co, 16, [&](int64_t b, int64_t e) {
-    const __m512 lo = _mm512_set1_ps(-128.f), hi = _mm512_set1_ps(127.f), scale = _mm512_set1_ps(to_int);
+    const v16::vf lo = v16::set1_ps(-128.f), hi = v16::set1_ps(127.f), scale = v16::set1_ps(to_int);
     // offsets of 16 consecutive input channels' weights for one tap: w[co][ci][kk]
-    const __m512i channel_offsets = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((int)KK));
-    __mmask16 out_of_range = 0;
+    const v16::vi channel_offsets = v16::lane_index_times((int32_t)KK);
+    v16::mask out_of_range = 0;
     for (int64_t co = b; co < e; ++co) {
       const float* wr = wp + co * Ci * KK;
       for (int64_t kk = 0; kk < KK; ++kk) {
         int8_t* dst = wb + (co * KK + kk) * CQ * 4;
         for (int64_t ci = 0; ci < Ci; ci += 16) {
-          const __mmask16 lm = first_lanes(Ci - ci);
+          const v16::mask lm = first_lanes(Ci - ci);
           const float* src = wr + ci * KK + kk;
-          const __m512 w16 = KK == 1 ? _mm512_maskz_loadu_ps(lm, src)
-                                     : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lm, channel_offsets, src, 4);
-          const __m512 q = _mm512_mul_ps(w16, scale);
-          out_of_range |= _mm512_mask_cmp_ps_mask(lm, q, lo, _CMP_LT_OQ) | _mm512_mask_cmp_ps_mask(lm, q, hi, _CMP_GT_OQ);
-          _mm_mask_storeu_epi8(dst + ci, lm, _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(q)));
+          const v16::vf w16 = KK == 1 ? v16::maskz_loadu_ps(lm, src)
+                                     : v16::mask_i32gather_ps(lm, channel_offsets, src);
+          const v16::vf q = v16::mul_ps(w16, scale);
+          out_of_range |= v16::mask_cmp_ps_mask(lm, q, lo, v16::LT_OQ) | v16::mask_cmp_ps_mask(lm, q, hi, v16::GT_OQ);
+          v16::mask_store_epi8_from_epi32(dst + ci, lm, v16::cvttps_epi32(q));
         }
       }
     }
     if (out_of_range) int8 = false;
   });
-  if (!int8.load()) return torch::Tensor();
+  if (!int8.load()) return at::Tensor();
   c.wq = wq.data();
-  c.scale = _mm512_set1_ps(std::ldexp(1.f, -k));
+  c.scale = v16::set1_ps(std::ldexp(1.f, -k));
 
   // repack the input; also checks that every input is 0 or 1 and counts the ones
   std::unique_ptr<int32_t[]> xq(new int32_t[N * Hp * Wp * CQ * TP]);  // every word is written below
@@ -98,8 +96,8 @@ torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_
   std::atomic<int64_t> active{0};
   const int64_t pos_words = CQ * TP;
   at::parallel_for(0, N * Hp, 1, [&](int64_t b, int64_t e) {
-    const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
-    __mmask16 bad = 0;
+    const v16::vf zero = v16::setzero_ps(), one = v16::set1_ps(1.f);
+    v16::mask bad = 0;
     int64_t ones = 0;
     for (int64_t nh = b; nh < e; ++nh) {
       const int64_t n = nh / Hp, hp = nh % Hp, h = hp - PH;
@@ -114,16 +112,16 @@ torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_
         int32_t* dst = row + (wi + PW) * pos_words;
         for (int64_t cq = 0; cq < CQ; ++cq)
           for (int64_t t0 = 0; t0 < TP; t0 += 16) {
-            const __mmask16 lm = first_lanes(T - t0);
-            __m512i word = _mm512_setzero_si512();
+            const v16::mask lm = first_lanes(T - t0);
+            v16::vi word = v16::setzero_si512();
             for (int64_t j = 0; j < 4 && cq * 4 + j < Ci; ++j) {
-              const __m512 v = _mm512_maskz_loadu_ps(lm, xp + (((n * Ci + cq * 4 + j) * H + h) * W + wi) * T + t0);
-              const __mmask16 is1 = _mm512_cmp_ps_mask(v, one, _CMP_EQ_OQ);
-              bad |= (__mmask16)(~(_mm512_cmp_ps_mask(v, zero, _CMP_EQ_OQ) | is1) & lm);
+              const v16::vf v = v16::maskz_loadu_ps(lm, xp + (((n * Ci + cq * 4 + j) * H + h) * W + wi) * T + t0);
+              const v16::mask is1 = v16::cmp_ps_mask(v, one, v16::EQ_OQ);
+              bad |= (v16::mask)(~(v16::cmp_ps_mask(v, zero, v16::EQ_OQ) | is1) & lm);
               ones += __builtin_popcount((unsigned)is1);
-              word = _mm512_mask_or_epi32(word, is1, word, _mm512_set1_epi32(1 << (8 * j)));
+              word = v16::mask_or_epi32(word, is1, word, v16::set1_epi32(1 << (8 * j)));
             }
-            _mm512_storeu_si512(dst + cq * TP + t0, word);
+            v16::storeu_si512(dst + cq * TP + t0, word);
           }
       }
     }
@@ -131,7 +129,7 @@ torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_
     active += ones;
   });
   // not exact (non-spike input), or sparse enough for the spike-driven kernel
-  if (!binary.load() || (double)active.load() < min_density * (double)x.numel()) return torch::Tensor();
+  if (!binary.load() || (double)active.load() < min_density * (double)x.numel()) return at::Tensor();
   c.xq = xqp;
 
   // output channel blocks of 16, then 8, 4, 2, 1; work items (block, n, ho) with the
@@ -142,7 +140,7 @@ torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_
     blocks.emplace_back(co0, ob);
     co0 += ob;
   }
-  auto z = torch::empty({N, Co, Ho, Wo, T}, x.options());
+  auto z = at::empty({N, Co, Ho, Wo, T}, x.options());
   float* zp = z.data_ptr<float>();
   const int64_t zstride = Ho * Wo * T, rows = N * Ho;
   at::parallel_for(0, (int64_t)blocks.size() * rows, 1, [&](int64_t b, int64_t e) {
@@ -151,7 +149,7 @@ torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_
       const int ob = blocks[item / rows].second;
       for (int64_t wo = 0; wo < Wo; ++wo)
         for (int64_t t0 = 0; t0 < T; t0 += 16) {
-          const __mmask16 lm = first_lanes(T - t0);
+          const v16::mask lm = first_lanes(T - t0);
           const int32_t* xr = xqp + ((n * Hp + ho * SH) * Wp + wo * SW) * pos_words + t0;
           float* zb = zp + ((n * Co * Ho + ho) * Wo + wo) * T + t0;
           switch (ob) {
@@ -166,9 +164,3 @@ torch::Tensor vnni_conv_fwd(torch::Tensor x, torch::Tensor w, int64_t SH, int64_
   });
   return z;
 }
-#else
-torch::Tensor vnni_conv_fwd(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, double) {
-  return torch::Tensor();  // no AVX-512 VNNI: the caller tries the next kernel
-}
-#endif
-
