@@ -313,7 +313,7 @@ def main(argv=None):
          f"flags: {' '.join(cpu_flags) or 'no AVX2'})")
     emit("# baseline: stock lava-dl 0.6.0 SLAYER CPU path (Python time-step loop, int64 fixed point)")
     emit("# fast:     neurofed.kernels.enable(): fused C++ CUBA neuron kernels (+ one-step delay),")
-    emit("#           8-bit integer (AVX-512 VNNI only), spike-driven and time-lane synapse forward, pooling kernels;")
+    emit("#           8-bit integer (VNNI / AVX2), spike-driven and time-lane synapse forward, pooling kernels;")
     emit("#           bit-identical spikes and gradients")
     emit("# fast-grad: kernels.enable(gradients='fast'): the same, plus spike-driven / time-lane weight")
     emit("#           gradients, time-lane 1x1 input gradients and the surrogate exp inside the neuron backward;")
