@@ -82,9 +82,9 @@ CORE_DEFAULTS: dict[str, Any] = {
         "target_accuracy": None,
         "logit_scale": 1.0,
         "threads": None,
-        "fast_kernels": True,  # neurofed.models.fast_cuba: bit-exact fused CPU CUBA kernels
+        "fast_kernels": True,  # neurofed.kernels: bit-exact fused CPU CUBA kernels
         # with fast_kernels: same spikes, gradients equal to SLAYER's up to float32 rounding
-        # (spike-driven weight gradients, inline surrogate exp); see fast_cuba "Fast gradients"
+        # (spike-driven weight gradients, inline surrogate exp); see neurofed.kernels "Fast gradients"
         "fast_gradients": False,
         # where local training and the global evaluation run (neurofed.device): auto | cpu | cuda | cuda:N
         "device": "auto",

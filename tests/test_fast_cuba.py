@@ -30,7 +30,6 @@ VARIANT = kernels.variant()
 KERNELS = frozenset(EXT.kernels())
 OPTIONAL_KERNELS = ("spike_conv_fwd", "spike_weight_grad", "tlane_conv_fwd", "tlane_input_grad_1x1",
                     "tlane_weight_grad", "tlane_input_grad", "vnni_conv_fwd")
-HAS_VNNI = "vnni_conv_fwd" in KERNELS
 
 
 def needs(kernel: str):
