@@ -1,13 +1,15 @@
 // 16-lane vectors for every instruction set: the kernels are written once against
 // this layer (named after the AVX-512 intrinsics they were first written with).
 //
-// The types are GCC/Clang vector extensions (vector_size(64)): the compiler lowers
-// them to one zmm register on AVX-512, two ymm on AVX2, four xmm on SSE or NEON.
-// Every operation has a portable form written with vector operators; where the
-// portable form compiles to much slower code, an x86 specialisation sits next to it
-// (AVX-512: the intrinsic itself; AVX2: masks, masked loads, transposes, FMA), with
-// the same result bit for bit (the exceptions are named: only FMA, and only in the
-// kernels that are not bit-exact paths).
+// Two implementations of the same functions, both GCC/Clang vector extensions:
+// with AVX-512 a vector is one 64-byte vector (one zmm register); elsewhere it is two
+// 32-byte halves (one ymm each on AVX2, two xmm / NEON registers each otherwise),
+// because compilers lower a 64-byte vector without AVX-512 one lane at a time.
+// Where the portable form compiles to slow code an x86 specialisation sits next to it
+// (AVX-512: the intrinsic itself; AVX2: masks, masked loads, transposes, FMA, the
+// 8-bit dot product), with the same result bit for bit; the exceptions are named at
+// the function: FMA (used only by kernels that are not bit-exact paths) and the 8-bit
+// dot product (exact for the 0/1 inputs it is given).
 #pragma once
 #include <cmath>
 #include <cstdint>
