@@ -143,10 +143,13 @@ class HandGrid(Grid):
         return list(self.node_configs)
 
     def push_messages(self, messages):
-        raise NotImplementedError
+        for m in messages:  # as a real grid does on push
+            m.metadata.__dict__["_message_id"] = m.object_id
+        self.pending = {r.metadata.reply_to_message_id: r for r in self.send_and_receive(messages)}
+        return list(self.pending)
 
     def pull_messages(self, message_ids):
-        raise NotImplementedError
+        return [self.pending.pop(i) for i in list(message_ids) if i in self.pending]
 
     def send_and_receive(self, messages, *, timeout=None):
         replies = []

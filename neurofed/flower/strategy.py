@@ -41,6 +41,23 @@ NODE_KEY = "neurofed.node"  # query reply: {"partition-id", "num-partitions"}
 TARGET_KEY = "neurofed.target"  # train message: {"partition-id"} that must train
 EXTRA_KEY = "metrics-extra"  # reply metrics a MetricRecord cannot hold, as JSON
 NUM_EXAMPLES = "num-examples"  # Flower's name for n_k in a reply's MetricRecord
+TIMING_KEY = "neurofed.timing"  # reply: seconds per ClientApp step (neurofed.flower.client.Timer)
+
+
+def exchange(grid: Grid, messages: list[Message], timeout: float, poll: float) -> list[Message]:
+    """``grid.send_and_receive`` polling every ``poll`` s: flwr 1.41's deployment grid
+    waits 3 s between pulls, which a round pays once more on top of the SuperNodes'."""
+    ids = set(grid.push_messages(messages))
+    replies: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while ids:
+        got = list(grid.pull_messages(ids))
+        replies += got
+        ids -= {m.metadata.reply_to_message_id for m in got}
+        if not ids or time.monotonic() >= deadline:
+            break
+        time.sleep(poll)
+    return replies
 
 
 class AlgorithmStrategy(Strategy):
@@ -70,8 +87,9 @@ class AlgorithmStrategy(Strategy):
 
     def __init__(self, server, spec: ParamSpec,
                  survivors: Callable[[int, list[int]], list[int]] | None = None,
-                 node_timeout: float = 120.0, query_timeout: float = 60.0):
+                 node_timeout: float = 120.0, query_timeout: float = 60.0, poll: float = 0.1):
         self.server = server
+        self.poll = poll
         self.spec = spec
         self.survivors = survivors or (lambda rnd, cids: list(cids))
         self.node_timeout = node_timeout
@@ -79,6 +97,7 @@ class AlgorithmStrategy(Strategy):
         self.partitions: dict[int, int] = {}  # partition id -> node id
         self.refused: dict[int, str] = {}  # node id -> why it serves no partition
         self.last_round: RoundTraining | None = None
+        self.timing: dict[int, dict] = {}  # partition id -> the last round's ClientApp step times
         self._pending: tuple | None = None
         self._waited = False  # only the first round waits for SuperNodes to connect
 
@@ -103,7 +122,8 @@ class AlgorithmStrategy(Strategy):
             new = sorted(online - set(self.partitions.values()) - set(self.refused))
             if new:
                 msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
-                for reply in grid.send_and_receive(msgs, timeout=self.query_timeout):
+                replies = exchange(grid, msgs, self.query_timeout, self.poll)
+                for reply in sorted(replies, key=lambda r: r.metadata.src_node_id):  # arrival order varies
                     self.add_node(reply)
             if online and not self.partitions and online <= set(self.refused):
                 reasons = sorted({self.refused[n] for n in online})
@@ -171,10 +191,13 @@ class AlgorithmStrategy(Strategy):
             raise RuntimeError(f"aggregate_train({server_round}) after configure_train({rnd})")
         t_agg = time.perf_counter()
         got, errors, configs = {}, {}, dict(plan)
+        self.timing = {}
         for reply in replies:
             cid = sent.get(reply.metadata.src_node_id)
             if cid is None:
                 continue  # a late reply to an earlier round
+            if not reply.has_error() and TIMING_KEY in reply.content:
+                self.timing[cid] = dict(reply.content[TIMING_KEY])
             if reply.has_error():
                 errors[cid] = reply.error.reason
                 continue
