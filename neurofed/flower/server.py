@@ -58,8 +58,9 @@ def make_server_app(defaults: dict | None = None) -> ServerApp:
         cfg = experiment_config(s)
         out = run_dir(s, cfg)
         if s["resume"] and get_algorithm_class(cfg["algorithm"]["name"]).needs_client_state:
-            raise ConfigError(f"resume: {cfg['algorithm']['name']} keeps client state on the SuperNodes, which a new "
-                              f"run does not have; start a fresh run (another out)")
+            raise ConfigError(f"resume: {cfg['algorithm']['name']} keeps client state (e.g. SCAFFOLD's c_i) in each "
+                              f"SuperNode's context of the killed run; a new run starts every client without it, so "
+                              f"that state is lost and the result would differ; start a fresh run (another out)")
         log(INFO, "neurofed: %s on %s, %d rounds -> %s", cfg["algorithm"]["name"], cfg["data"]["name"],
             cfg["federation"]["rounds"], out)
         summary = run(cfg, out, resume=bool(s["resume"]),

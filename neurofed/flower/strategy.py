@@ -87,15 +87,16 @@ class AlgorithmStrategy(Strategy):
 
     def __init__(self, server, spec: ParamSpec,
                  survivors: Callable[[int, list[int]], list[int]] | None = None,
-                 node_timeout: float = 120.0, query_timeout: float = 60.0, poll: float = 0.1):
+                 node_timeout: float = 120.0, poll: float = 0.1):
         self.server = server
         self.poll = poll
         self.spec = spec
         self.survivors = survivors or (lambda rnd, cids: list(cids))
         self.node_timeout = node_timeout
-        self.query_timeout = query_timeout
         self.partitions: dict[int, int] = {}  # partition id -> node id
         self.refused: dict[int, str] = {}  # node id -> why it serves no partition
+        self.standby: dict[int, int] = {}  # node id -> the partition it declared, served by another node
+        self._queries: dict[str, int] = {}  # query message id -> node id, unanswered yet
         self.last_round: RoundTraining | None = None
         self.timing: dict[int, dict] = {}  # partition id -> the last round's ClientApp step times
         self._pending: tuple | None = None
@@ -108,8 +109,10 @@ class AlgorithmStrategy(Strategy):
 
     # -- which SuperNode serves which partition -----------------------------------------
     def map_nodes(self, grid: Grid, need: Iterable[int] = (), wait: float = 0.0) -> dict[int, int]:
-        """Query the nodes not heard from yet; wait up to ``wait`` s for nodes serving
-        every partition in ``need`` (the SuperNodes of a deployment connect over time).
+        """Ask the nodes not heard from yet which partition they serve, without waiting
+        for them (a reply that comes later is read at the next call); wait up to ``wait``
+        s for nodes serving every partition in ``need`` (the SuperNodes of a deployment
+        connect over time; only the first round waits).
 
         Raises ConfigError when every online node is refused (e.g. a simulation with
         num-supernodes != partition.num_clients): no round could train.
@@ -119,18 +122,33 @@ class AlgorithmStrategy(Strategy):
         while True:
             online = set(grid.get_node_ids())
             self.partitions = {p: n for p, n in self.partitions.items() if n in online}
-            new = sorted(online - set(self.partitions.values()) - set(self.refused))
+            # a node that declared a partition already served (e.g. a SuperNode restarted
+            # before the SuperLink declared its old self offline) is asked again once it is free
+            for n, p in list(self.standby.items()):
+                if n not in online or p not in self.partitions:
+                    del self.standby[n]
+                    self.refused.pop(n, None)
+            self._queries = {m: n for m, n in self._queries.items() if n in online}
+            self._read_queries(grid)
+            new = sorted(online - set(self.partitions.values()) - set(self.refused) - set(self._queries.values()))
             if new:
                 msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
-                replies = exchange(grid, msgs, self.query_timeout, self.poll)
-                for reply in sorted(replies, key=lambda r: r.metadata.src_node_id):  # arrival order varies
-                    self.add_node(reply)
+                grid.push_messages(msgs)
+                self._queries.update({m.metadata.message_id: n for m, n in zip(msgs, new)})
+                self._read_queries(grid)
             if online and not self.partitions and online <= set(self.refused):
                 reasons = sorted({self.refused[n] for n in online})
                 raise ConfigError(f"no SuperNode serves a partition of this experiment: {'; '.join(reasons)}")
             if need <= set(self.partitions) or time.monotonic() >= deadline:
                 return self.partitions
-            time.sleep(1.0)
+            time.sleep(self.poll)
+
+    def _read_queries(self, grid: Grid) -> None:
+        if self._queries:
+            replies = list(grid.pull_messages(list(self._queries)))
+            for reply in sorted(replies, key=lambda r: r.metadata.src_node_id):  # arrival order varies
+                if self._queries.pop(reply.metadata.reply_to_message_id, None) is not None:
+                    self.add_node(reply)
 
     def add_node(self, reply: Message) -> None:
         """Record the partition a node's ``query`` reply declares (or why it is refused)."""
@@ -148,6 +166,7 @@ class AlgorithmStrategy(Strategy):
                 why = f"node config partition-id={pid}; expected 0 <= partition-id < {n}"
             elif self.partitions.get(pid, node) != node:
                 why = f"partition-id={pid} is already served by node {self.partitions[pid]}"
+                self.standby[node] = pid
             else:
                 self.partitions[pid] = node
                 return
