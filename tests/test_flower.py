@@ -688,15 +688,16 @@ def test_tls_deployment_with_long_lived_clientapps_equals_the_runner(tmp_path):
 @pytest.mark.slow
 def test_a_killed_supernode_fails_its_partition_and_its_restart_brings_it_back(tmp_path):
     """Loopback, 3 SuperNodes (long-lived ClientApps), 3 of 3 partitions per round.
-    SuperNode 2 is killed (SIGKILL) after round 1 and restarted once a round has
+    SuperNode 2 is killed (SIGKILL) after the first round it trained in (round 1 unless
+    a worker's first set-up outlasted the round timeout) and restarted once a round has
     recorded partition 2 as failed. Bound: a round whose SuperNode died ends at
-    ``round-timeout`` (20 s) at the latest, or earlier when the SuperLink declares the
+    ``round-timeout`` (60 s) at the latest, or earlier when the SuperLink declares the
     node offline (flwr 1.41: 2 missed 30 s heartbeats); with training, evaluation and
-    polling every round must end within 20 + 40 s. The other partitions train every
-    round; partition 2 trains again after the restart."""
+    polling every round must end within 60 + 40 s. The other partitions train in every
+    round after the kill; partition 2 trains again after the restart."""
     import threading
 
-    rounds, round_timeout = 9, 20.0
+    rounds, round_timeout = 9, 60.0
     neurofed_set = tiny_set(**{"partition.num_clients": 3, "federation.clients_per_round": 3,
                                "federation.rounds": rounds})
     out = tmp_path / "flower"
@@ -718,7 +719,7 @@ def test_a_killed_supernode_fails_its_partition_and_its_restart_brings_it_back(t
         deadline = time.monotonic() + 1200
         while run.is_alive() and time.monotonic() < deadline:
             done = lines()
-            if "killed" not in events and done:
+            if "killed" not in events and done and 2 in done[-1]["trained"]:
                 lb.kill_node(2)
                 events["killed"] = done[-1]["round"]
             if "restarted" not in events and any(f["client"] == 2 for l in done for f in l["failed"]):
@@ -732,10 +733,11 @@ def test_a_killed_supernode_fails_its_partition_and_its_restart_brings_it_back(t
     assert result.get("status") == "finished:completed", result.get("output", "")[-3000:]
     done = lines()
     assert [l["round"] for l in done] == list(range(1, rounds + 1))
-    assert events.get("killed") == 1 and "restarted" in events, events
-    failed = [l["round"] for l in done if any(f["client"] == 2 for f in l["failed"])]
+    assert "killed" in events and "restarted" in events, events
+    after = done[events["killed"]:]
+    failed = [l["round"] for l in after if any(f["client"] == 2 for f in l["failed"])]
     assert failed and all(2 not in done[r - 1]["trained"] for r in failed)
-    assert all({0, 1} <= set(l["trained"]) for l in done)
+    assert all({0, 1} <= set(l["trained"]) for l in after), [l["trained"] for l in done]
     assert any(2 in l["trained"] for l in done[events["restarted"]:]), [l["trained"] for l in done]
     assert max(l["wall_time_s"] for l in done) < round_timeout + 40, [l["wall_time_s"] for l in done]
 
