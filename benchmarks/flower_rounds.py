@@ -144,7 +144,7 @@ def setup_seconds(sets: list[str]) -> float:
 
 def serialisation_seconds(sets: list[str]) -> tuple[float, int]:
     """One model download and its upload through Flower's records and object bytes."""
-    from flwr.app import Message, RecordDict
+    from flwr.app import RecordDict
     from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
     from neurofed.fl.runner import Experiment
@@ -156,9 +156,9 @@ def serialisation_seconds(sets: list[str]) -> tuple[float, int]:
     best, size = float("inf"), 0
     for _ in range(5):
         t0 = time.perf_counter()
-        msg = Message(RecordDict({"arrays": to_arrays(params)}), dst_node_id=1, message_type="train")
-        blobs = [o.deflate() for o in get_all_nested_objects(msg).values()]
-        from_arrays(msg.content["arrays"])
+        content = RecordDict({"arrays": to_arrays(params)})
+        blobs = [o.deflate() for o in get_all_nested_objects(content).values()]
+        from_arrays(content["arrays"])
         best, size = min(best, time.perf_counter() - t0), sum(len(b) for b in blobs)
     return best, size
 
