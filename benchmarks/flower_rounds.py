@@ -91,12 +91,14 @@ def run_inprocess(work: Path, sets: list[str]) -> list[dict]:
 def run_simulation(work: Path, sets: list[str], clients: int) -> tuple[list[dict], float]:
     out = work / "simulation"
     settings = {"neurofed-config": EXAMPLE, "neurofed-set": " ".join(sets), "out": str(out)}
-    t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-c", SIMULATE, json.dumps(settings), str(clients)], cwd=ROOT, env=env(),
-                         capture_output=True, text=True, timeout=1800)
-    if res.returncode != 0:
-        raise RuntimeError(f"simulation failed: {(res.stdout + res.stderr)[-3000:]}")
-    return read_rounds(out), time.perf_counter() - t0
+    for attempt in (1, 2):  # Ray's start can time out on a loaded machine
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, "-c", SIMULATE, json.dumps(settings), str(clients)], cwd=ROOT,
+                             env=env(), capture_output=True, text=True, timeout=1800)
+        if res.returncode == 0:
+            return read_rounds(out), time.perf_counter() - t0
+    raise RuntimeError(f"simulation failed twice: {(res.stdout + res.stderr)[-3000:]}")
 
 
 def run_deployment(work: Path, sets: list[str], clients: int, isolation: str, app: Path) -> tuple[list[dict], float]:
@@ -217,6 +219,8 @@ def main(argv=None) -> int:
     rep = Report()
     rep.emit(machine_header("flower_rounds", "(shared machine: compare ratios within one run)"))
     rep.emit(f"# config: {EXAMPLE} --set {' '.join(sets)}; flwr 1.41, loopback, no TLS; app: {args.app}")
+    if os.environ.get("NEUROFED_EXT_DIR"):
+        rep.emit(f"# fast-kernel cache: NEUROFED_EXT_DIR={os.environ['NEUROFED_EXT_DIR']}")
     work = Path(tempfile.mkdtemp(prefix="flower_rounds_"))
     result = {}
     try:
