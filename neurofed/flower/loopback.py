@@ -129,7 +129,7 @@ class Processes:
 
     def signal(self, pid: int, sig: int) -> None:
         st = _stat(pid)
-        if st is not None and st[1] == self.seen.get(pid, st[1]):
+        if st is not None and pid in self.seen and st[1] == self.seen[pid]:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:

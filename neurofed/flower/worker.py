@@ -49,6 +49,7 @@ from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.tls import validate_and_resolve_root_certificates
 from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
+from neurofed.flower.app import client_app  # torch, lava, SLAYER: imported before any message comes
 from neurofed.flower.settings import APP_DIR
 
 # FAB folders whose files must equal this process's for a task to run here.
@@ -120,8 +121,6 @@ class Worker:
                 reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
                                       reason=f"neurofed worker: {self.fabs[fab.hash_str]}"), reply_to=message)
             else:
-                from neurofed.flower.app import client_app
-
                 reply = client_app(message=message, context=context)
                 status, details = SubStatus.COMPLETED, ""
             push_message(client, reply, context)
