@@ -796,3 +796,30 @@ def test_a_killed_serverapp_resumes_from_its_checkpoint(tmp_path):
     ref_params, ref_lines = reference(tmp_path, "inprocess", neurofed_set)
     assert np.array_equal(params, ref_params)
     same_records(lines, ref_lines)
+
+
+def test_worker_runs_only_fabs_that_ship_its_own_code(tmp_path):
+    """The long-lived worker runs a run's tasks only if the FAB's neurofed sources,
+    example configs and hardware profiles equal its own; it names the first that differs."""
+    import io
+    import zipfile
+
+    from neurofed.flower.worker import differing_file
+
+    root = tmp_path / "app"
+    (root / "neurofed").mkdir(parents=True)
+    (root / "neurofed" / "a.py").write_text("x = 1\n")
+    (root / "examples").mkdir()
+    (root / "examples" / "c.yaml").write_text("seed: 0\n")
+
+    def fab(**files) -> bytes:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            for name, text in files.items():
+                z.writestr(name.replace("__", "/"), text)
+        return buf.getvalue()
+
+    same = {"neurofed__a.py": "x = 1\n", "examples__c.yaml": "seed: 0\n", "pyproject.toml": "[any]\n"}
+    assert differing_file(fab(**same), root) is None  # pyproject.toml (rewritten by flwr) is not compared
+    assert differing_file(fab(**{**same, "neurofed__a.py": "x = 2\n"}), root) == "neurofed/a.py"
+    assert differing_file(fab(**{**same, "hw_profiles__new.yaml": "pj: 1\n"}), root) == "hw_profiles/new.yaml"
