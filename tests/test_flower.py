@@ -143,10 +143,13 @@ class HandGrid(Grid):
         return list(self.node_configs)
 
     def push_messages(self, messages):
-        raise NotImplementedError
+        for m in messages:  # as a real grid does on push
+            m.metadata.__dict__["_message_id"] = m.object_id
+        self.pending = {r.metadata.reply_to_message_id: r for r in self.send_and_receive(messages)}
+        return list(self.pending)
 
     def pull_messages(self, message_ids):
-        raise NotImplementedError
+        return [self.pending.pop(i) for i in list(message_ids) if i in self.pending]
 
     def send_and_receive(self, messages, *, timeout=None):
         replies = []
@@ -311,6 +314,10 @@ def test_nodes_that_serve_no_partition_are_refused_with_the_reason(tiny_cfg, tas
     assert "already served by node 1" in strategy.refused[2]
     assert "num-partitions=10, but partition.num_clients=4" in strategy.refused[3]
     assert "lacks partition-id" in strategy.refused[4]
+    # Node 1 gone (a SuperNode restarted as node 2 before the SuperLink dropped node 1):
+    # node 2 takes partition 0 over; the misconfigured nodes stay refused.
+    del grid.node_configs[1]
+    assert strategy.map_nodes(grid) == {0: 2} and 2 not in strategy.refused and {3, 4} <= set(strategy.refused)
     # A federation where no node serves this experiment stops at once, saying why.
     with pytest.raises(ConfigError, match="num-supernodes=4"):
         AlgorithmStrategy(exp.server, exp.spec).map_nodes(HandGrid({7: {"partition-id": 0, "num-partitions": 2}}))
@@ -636,3 +643,184 @@ def test_loopback_deployment_superlink_and_two_supernodes(tmp_path, processes):
     assert np.array_equal(params, ref_params)
     same_records(lines, ref_lines)
     assert lines[0]["trained"] == [0, 1]
+
+
+# --------------------------------------------------------------------------- loopback deployments (neurofed.flower.loopback)
+
+
+def loopback(tmp_path: Path, nodes: int, **kw):
+    from neurofed.flower.loopback import Loopback
+
+    return Loopback(tmp_path / "lb", nodes, env={"PYTHONPATH": str(REPO)}, **kw)
+
+
+@pytest.mark.slow
+def test_tls_deployment_with_long_lived_clientapps_equals_the_runner(tmp_path):
+    """Every API over TLS (a CA and server certificate made by the test), each SuperNode
+    with ``--isolation process`` and one neurofed worker: 3 rounds equal the runner's bit
+    for bit; the SuperLink refuses plain HTTP; each worker built its data and model once
+    (set-up parts reported in round 1 only) and started no process per message."""
+    import http.client
+    import urllib.request
+
+    neurofed_set = tiny_set(**{"partition.num_clients": 2, "federation.rounds": 3})
+    out = tmp_path / "flower"
+    lb = loopback(tmp_path, 2, tls=True, isolation="process")
+    try:
+        lb.start()
+        with pytest.raises((OSError, http.client.HTTPException)):
+            urllib.request.urlopen(f"http://127.0.0.1:{lb.port}/health", timeout=10)
+        res = lb.run(f"neurofed-set='{neurofed_set}' out='{out}' round-timeout=300.0 node-timeout=300.0")
+    finally:
+        left = lb.stop()
+    assert left == [], "processes survived SIGKILL"
+    assert res["status"] == "finished:completed", res["output"][-3000:]
+    assert "--insecure" not in (lb.folder / "superlink.log").read_text()  # no "insecure" warning either
+    params, lines = read_run(out)
+    ref_params, ref_lines = reference(tmp_path, "inprocess", neurofed_set)
+    assert np.array_equal(params, ref_params)
+    same_records(lines, ref_lines)
+    for line in lines:
+        times = line["time_clients"]
+        assert sorted(times) == ["0", "1"] and all(t["start"] == 0.0 and t["fit"] > 0 for t in times.values())
+        assert all(("model" in t) == (line["round"] == 1) for t in times.values()), times
+
+
+@pytest.mark.slow
+def test_a_killed_supernode_fails_its_partition_and_its_restart_brings_it_back(tmp_path):
+    """Loopback, 3 SuperNodes (long-lived ClientApps), 3 of 3 partitions per round.
+    SuperNode 2 is killed (SIGKILL) after the first round it trained in (round 1 unless
+    a worker's first set-up outlasted the round timeout) and restarted once a round has
+    recorded partition 2 as failed. Bound: a round whose SuperNode died ends at
+    ``round-timeout`` (60 s) at the latest, or earlier when the SuperLink declares the
+    node offline (flwr 1.41: 2 missed 30 s heartbeats); with training, evaluation and
+    polling every round must end within 60 + 40 s. The other partitions train in every
+    round after the kill; partition 2 trains again after the restart."""
+    import threading
+
+    rounds, round_timeout = 9, 60.0
+    neurofed_set = tiny_set(**{"partition.num_clients": 3, "federation.clients_per_round": 3,
+                               "federation.rounds": rounds})
+    out = tmp_path / "flower"
+    lb = loopback(tmp_path, 3, tls=False, isolation="process")
+    events, result = {}, {}
+
+    def lines() -> list[dict]:
+        try:
+            return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()]
+        except (OSError, json.JSONDecodeError):
+            return []
+
+    try:
+        lb.start()
+        run = threading.Thread(target=lambda: result.update(lb.run(
+            f"neurofed-set='{neurofed_set}' out='{out}' round-timeout={round_timeout} node-timeout=300.0",
+            timeout=1200)), daemon=True)
+        run.start()
+        deadline = time.monotonic() + 1200
+        while run.is_alive() and time.monotonic() < deadline:
+            done = lines()
+            if "killed" not in events and done and 2 in done[-1]["trained"]:
+                lb.kill_node(2)
+                events["killed"] = done[-1]["round"]
+            if "restarted" not in events and any(f["client"] == 2 for l in done for f in l["failed"]):
+                lb.start_node(2)
+                events["restarted"] = done[-1]["round"]
+            time.sleep(0.2)
+        run.join(timeout=5)
+    finally:
+        left = lb.stop()
+    assert left == [], "processes survived SIGKILL"
+    assert result.get("status") == "finished:completed", result.get("output", "")[-3000:]
+    done = lines()
+    assert [l["round"] for l in done] == list(range(1, rounds + 1))
+    assert "killed" in events and "restarted" in events, events
+    after = done[events["killed"]:]
+    failed = [l["round"] for l in after if any(f["client"] == 2 for f in l["failed"])]
+    assert failed and all(2 not in done[r - 1]["trained"] for r in failed)
+    assert all({0, 1} <= set(l["trained"]) for l in after), [l["trained"] for l in done]
+    assert any(2 in l["trained"] for l in done[events["restarted"]:]), [l["trained"] for l in done]
+    assert max(l["wall_time_s"] for l in done) < round_timeout + 40, [l["wall_time_s"] for l in done]
+
+
+def test_resume_refuses_algorithms_whose_client_state_lived_on_the_supernodes(tmp_path, task_identity):
+    """The ServerApp with ``resume`` and SCAFFOLD stops at once, naming what is lost."""
+    from neurofed.flower.app import server_app
+
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                  run_config={"neurofed-set": tiny_set(**{"algorithm.name": "scaffold"}), "resume": True,
+                              "out": str(tmp_path / "run")})
+    with pytest.raises(ConfigError, match=r"resume: scaffold keeps client state .*c_i.* lost"):
+        server_app(HandGrid({}), ctx)
+
+
+@pytest.mark.slow
+def test_a_killed_serverapp_resumes_from_its_checkpoint(tmp_path):
+    """FedAvg on a loopback deployment: the ServerApp process is killed (SIGKILL) after
+    round 2; ``flwr run`` with ``resume=true`` and the same ``out`` finishes the run, and
+    the result equals an uninterrupted in-process run bit for bit."""
+    import threading
+
+    neurofed_set = tiny_set(**{"partition.num_clients": 2, "federation.rounds": 4})
+    out = tmp_path / "flower"
+    lb = loopback(tmp_path, 2, tls=False, isolation="process")
+    first: dict = {}
+    try:
+        lb.start()
+        run = threading.Thread(target=lambda: first.update(lb.run(f"neurofed-set='{neurofed_set}' out='{out}'",
+                                                                  timeout=900)), daemon=True)
+        run.start()
+        deadline, killed = time.monotonic() + 900, []
+        while not killed and run.is_alive() and time.monotonic() < deadline:
+            if (out / "metrics.jsonl").exists() and len((out / "metrics.jsonl").read_text().splitlines()) >= 2:
+                lb.procs.scan()
+                for pid in lb.procs.alive():
+                    try:
+                        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    except OSError:
+                        continue
+                    if b"flwr-serverapp" in cmd:
+                        lb.procs.signal(pid, signal.SIGKILL)
+                        killed.append(pid)
+            time.sleep(0.1)
+        assert killed, "no ServerApp process found"
+        run.join(timeout=600)
+        assert first.get("status", "").startswith("finished:failed"), first
+        rounds_before = len((out / "metrics.jsonl").read_text().splitlines())
+        assert 2 <= rounds_before < 4
+        second = lb.run(f"neurofed-set='{neurofed_set}' out='{out}' resume=true", timeout=900)
+    finally:
+        left = lb.stop()
+    assert left == [], "processes survived SIGKILL"
+    assert second["status"] == "finished:completed", second["output"][-3000:]
+    params, lines = read_run(out)
+    ref_params, ref_lines = reference(tmp_path, "inprocess", neurofed_set)
+    assert np.array_equal(params, ref_params)
+    same_records(lines, ref_lines)
+
+
+def test_worker_runs_only_fabs_that_ship_its_own_code(tmp_path):
+    """The long-lived worker runs a run's tasks only if the FAB's neurofed sources,
+    example configs and hardware profiles equal its own; it names the first that differs."""
+    import io
+    import zipfile
+
+    from neurofed.flower.worker import differing_file
+
+    root = tmp_path / "app"
+    (root / "neurofed").mkdir(parents=True)
+    (root / "neurofed" / "a.py").write_text("x = 1\n")
+    (root / "examples").mkdir()
+    (root / "examples" / "c.yaml").write_text("seed: 0\n")
+
+    def fab(**files) -> bytes:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            for name, text in files.items():
+                z.writestr(name.replace("__", "/"), text)
+        return buf.getvalue()
+
+    same = {"neurofed__a.py": "x = 1\n", "examples__c.yaml": "seed: 0\n", "pyproject.toml": "[any]\n"}
+    assert differing_file(fab(**same), root) is None  # pyproject.toml (rewritten by flwr) is not compared
+    assert differing_file(fab(**{**same, "neurofed__a.py": "x = 2\n"}), root) == "neurofed/a.py"
+    assert differing_file(fab(**{**same, "hw_profiles__new.yaml": "pj: 1\n"}), root) == "hw_profiles/new.yaml"

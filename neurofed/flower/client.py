@@ -9,17 +9,27 @@ trains the model of ``config["width"]``); the client's persistent state (SCAFFOL
 ...) lives in the node's ``Context.state`` between rounds. ``evaluate`` scores the
 received global model on the node's shard; ``query`` tells the server which
 partition this node serves.
+
+What a process builds once (:class:`Node`: the data set and its shards, the models,
+the fast SLAYER kernels) stays in memory for every later message the same process
+handles: in Flower's simulation engine (one long-lived Ray actor) and under
+:mod:`neurofed.flower.worker` (one long-lived process per SuperNode). Flower's default
+``--isolation subprocess`` starts a new ``flwr-clientapp`` process per message and
+pays it all each time. Each reply carries its timing (``neurofed.timing``: start-up
+of a fresh process, set-up, decode, fit, encode) for the round records.
 """
 
 from __future__ import annotations
 
+import os
+import time
 import traceback
 from functools import lru_cache
 from logging import ERROR
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import log
 from flwr.common.constant import ErrorCode
@@ -33,7 +43,7 @@ from neurofed.fl.seeds import seed_for
 from neurofed.fl.train import evaluate
 from neurofed.flower.records import from_arrays, from_config, load_state, save_state, to_arrays, to_metrics
 from neurofed.flower.settings import experiment_config, settings
-from neurofed.flower.strategy import EXTRA_KEY, NODE_KEY, NUM_EXAMPLES, TARGET_KEY
+from neurofed.flower.strategy import EXTRA_KEY, NODE_KEY, NUM_EXAMPLES, TARGET_KEY, TIMING_KEY
 from neurofed.device import resolve_device
 from neurofed.models import build_run_model
 
@@ -44,17 +54,26 @@ class Node:
     runner's single client half)."""
 
     def __init__(self, cfg: dict):
+        t0 = time.perf_counter()
         threads = cfg["federation"].get("threads")
         if threads:
             torch.set_num_threads(int(threads))
+        if cfg["federation"].get("fast_kernels", True):  # as the runner's Experiment: the same bits
+            from neurofed.models import fast_cuba
+
+            fast_cuba.enable(gradients="fast" if cfg["federation"].get("fast_gradients") else "exact")
+        t1 = time.perf_counter()
         self.cfg = cfg
         self.device = resolve_device(cfg["federation"].get("device", "auto"))  # this SuperNode's own device
         self.dataset, self.parts = load_partitioned(cfg)
+        t2 = time.perf_counter()
         self.algorithm = get_algorithm_class(cfg["algorithm"]["name"])
         self.new_model = lambda: build_run_model(cfg, self.dataset).to(self.device)
         self.spec = ParamSpec.from_model(self.new_model())
         self.client = self.algorithm.Client(cfg, self.spec, self.new_model)
         self._eval_models: dict = {}
+        # set-up seconds, reported by the first message that uses this node
+        self.setup_times = {"kernels": t1 - t0, "data": t2 - t1, "model": time.perf_counter() - t2}
 
     def data(self, pid: int) -> ClientData:
         ds, idx = self.dataset, self.parts[pid]
@@ -82,6 +101,43 @@ def node_for(context: Context, defaults: dict | None = None) -> Node:
     return _node(str(s["neurofed-config"]), str(s["neurofed-set"]))
 
 
+def _process_started() -> float:
+    """Wall-clock time this process started (Linux /proc; now elsewhere)."""
+    try:
+        ticks = int(open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[19])
+        boot = next(float(l.split()[1]) for l in open("/proc/stat") if l.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+_first_message = [True]
+
+
+def fresh_process(flag: bool) -> None:
+    """Whether the next message's ``start`` time counts this process's start-up."""
+    _first_message[0] = flag
+
+
+class Timer:
+    """Seconds per step of one message: ``start`` (a fresh process: from its start to
+    the handler, i.e. interpreter, imports, FAB install, app load; 0 for a later
+    message), ``setup`` (all of :class:`Node`'s set-up, 0 when cached; when it ran, its
+    parts too: ``kernels``, ``data`` = data set read and shards cut, ``model``), then
+    the steps the handler marks."""
+
+    def __init__(self):
+        now = time.time()
+        self.times = {"start": now - _process_started() if _first_message[0] else 0.0}
+        _first_message[0] = False
+        self._t = time.perf_counter()
+
+    def mark(self, step: str) -> None:
+        t = time.perf_counter()
+        self.times[step] = self.times.get(step, 0.0) + t - self._t
+        self._t = t
+
+
 def partition_of(context: Context) -> tuple[int, int]:
     """``(partition-id, num-partitions)`` from the node config."""
     cfg = context.node_config
@@ -98,13 +154,16 @@ def _error_reply(msg: Message, exc: Exception) -> Message:
                    reply_to=msg)
 
 
-def _reply(msg: Message, metrics: dict, arrays: dict | None = None) -> Message:
+def _reply(msg: Message, metrics: dict, arrays: dict | None = None, timer: Timer | None = None) -> Message:
     numeric, extra = to_metrics(metrics)
     content = RecordDict({"metrics": numeric})
     if arrays is not None:
         content["arrays"] = to_arrays(arrays)
     if extra is not None:
         content[EXTRA_KEY] = extra
+    if timer is not None:
+        timer.mark("encode")
+        content[TIMING_KEY] = MetricRecord({k: round(v, 6) for k, v in timer.times.items()})
     return Message(content, reply_to=msg)
 
 
@@ -124,19 +183,26 @@ def make_client_app(defaults: dict | None = None) -> ClientApp:
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
+        timer = Timer()
         try:
             pid, _ = partition_of(context)
             target = int(msg.content[TARGET_KEY]["partition-id"])
             if target != pid:
                 raise ValueError(f"asked to train partition {target}, but this node serves partition {pid}")
             node = node_for(context, defaults)
+            data = node.data(pid)
+            timer.mark("setup")
+            timer.times.update(getattr(node, "setup_times", {}))
+            node.setup_times = {}
             keep_state = node.algorithm.needs_client_state
             state = load_state(context.state) if keep_state else {}
-            params, n, metrics = node.client.fit(from_arrays(msg.content["arrays"]), from_config(msg.content["config"]),
-                                                 node.data(pid), state)
+            params, config = from_arrays(msg.content["arrays"]), from_config(msg.content["config"])
+            timer.mark("decode")
+            params, n, metrics = node.client.fit(params, config, data, state)
+            timer.mark("fit")
             if keep_state:
                 save_state(context.state, state)
-            return _reply(msg, {**metrics, NUM_EXAMPLES: n}, params)
+            return _reply(msg, {**metrics, NUM_EXAMPLES: n}, params, timer)
         except Exception as exc:  # the server logs the reason and drops this client for the round
             return _error_reply(msg, exc)
 

@@ -11,6 +11,8 @@ pyproject.toml, overridden with ``flwr run --run-config``).
 ``resume``           continue the run in ``out`` from its checkpoint
 ``round-timeout``    seconds to wait for a round's replies
 ``node-timeout``     seconds to wait for SuperNodes serving the selected partitions
+``reply-poll``       seconds between the ServerApp's pulls of replies (Flower's own
+                     ``send_and_receive`` waits 3 s in a deployment)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ RUN_CONFIG = {
     "resume": False,
     "round-timeout": 3600.0,
     "node-timeout": 120.0,
+    "reply-poll": 0.1,
 }
 
 # The app's root: the repository, or the directory Flower installed the FAB into.

@@ -41,6 +41,23 @@ NODE_KEY = "neurofed.node"  # query reply: {"partition-id", "num-partitions"}
 TARGET_KEY = "neurofed.target"  # train message: {"partition-id"} that must train
 EXTRA_KEY = "metrics-extra"  # reply metrics a MetricRecord cannot hold, as JSON
 NUM_EXAMPLES = "num-examples"  # Flower's name for n_k in a reply's MetricRecord
+TIMING_KEY = "neurofed.timing"  # reply: seconds per ClientApp step (neurofed.flower.client.Timer)
+
+
+def exchange(grid: Grid, messages: list[Message], timeout: float, poll: float) -> list[Message]:
+    """``grid.send_and_receive`` polling every ``poll`` s: flwr 1.41's deployment grid
+    waits 3 s between pulls, which a round pays once more on top of the SuperNodes'."""
+    ids = set(grid.push_messages(messages))
+    replies: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while ids:
+        got = list(grid.pull_messages(ids))
+        replies += got
+        ids -= {m.metadata.reply_to_message_id for m in got}
+        if not ids or time.monotonic() >= deadline:
+            break
+        time.sleep(poll)
+    return replies
 
 
 class AlgorithmStrategy(Strategy):
@@ -70,15 +87,18 @@ class AlgorithmStrategy(Strategy):
 
     def __init__(self, server, spec: ParamSpec,
                  survivors: Callable[[int, list[int]], list[int]] | None = None,
-                 node_timeout: float = 120.0, query_timeout: float = 60.0):
+                 node_timeout: float = 120.0, poll: float = 0.1):
         self.server = server
+        self.poll = poll
         self.spec = spec
         self.survivors = survivors or (lambda rnd, cids: list(cids))
         self.node_timeout = node_timeout
-        self.query_timeout = query_timeout
         self.partitions: dict[int, int] = {}  # partition id -> node id
         self.refused: dict[int, str] = {}  # node id -> why it serves no partition
+        self.standby: dict[int, int] = {}  # node id -> the partition it declared, served by another node
+        self._queries: dict[str, int] = {}  # query message id -> node id, unanswered yet
         self.last_round: RoundTraining | None = None
+        self.timing: dict[int, dict] = {}  # partition id -> the last round's ClientApp step times
         self._pending: tuple | None = None
         self._waited = False  # only the first round waits for SuperNodes to connect
 
@@ -89,8 +109,10 @@ class AlgorithmStrategy(Strategy):
 
     # -- which SuperNode serves which partition -----------------------------------------
     def map_nodes(self, grid: Grid, need: Iterable[int] = (), wait: float = 0.0) -> dict[int, int]:
-        """Query the nodes not heard from yet; wait up to ``wait`` s for nodes serving
-        every partition in ``need`` (the SuperNodes of a deployment connect over time).
+        """Ask the nodes not heard from yet which partition they serve, without waiting
+        for them (a reply that comes later is read at the next call); wait up to ``wait``
+        s for nodes serving every partition in ``need`` (the SuperNodes of a deployment
+        connect over time; only the first round waits).
 
         Raises ConfigError when every online node is refused (e.g. a simulation with
         num-supernodes != partition.num_clients): no round could train.
@@ -100,17 +122,33 @@ class AlgorithmStrategy(Strategy):
         while True:
             online = set(grid.get_node_ids())
             self.partitions = {p: n for p, n in self.partitions.items() if n in online}
-            new = sorted(online - set(self.partitions.values()) - set(self.refused))
+            # a node that declared a partition already served (e.g. a SuperNode restarted
+            # before the SuperLink declared its old self offline) is asked again once it is free
+            for n, p in list(self.standby.items()):
+                if n not in online or p not in self.partitions:
+                    del self.standby[n]
+                    self.refused.pop(n, None)
+            self._queries = {m: n for m, n in self._queries.items() if n in online}
+            self._read_queries(grid)
+            new = sorted(online - set(self.partitions.values()) - set(self.refused) - set(self._queries.values()))
             if new:
                 msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in new]
-                for reply in grid.send_and_receive(msgs, timeout=self.query_timeout):
-                    self.add_node(reply)
+                grid.push_messages(msgs)
+                self._queries.update({m.metadata.message_id: n for m, n in zip(msgs, new)})
+                self._read_queries(grid)
             if online and not self.partitions and online <= set(self.refused):
                 reasons = sorted({self.refused[n] for n in online})
                 raise ConfigError(f"no SuperNode serves a partition of this experiment: {'; '.join(reasons)}")
             if need <= set(self.partitions) or time.monotonic() >= deadline:
                 return self.partitions
-            time.sleep(1.0)
+            time.sleep(self.poll)
+
+    def _read_queries(self, grid: Grid) -> None:
+        if self._queries:
+            replies = list(grid.pull_messages(list(self._queries)))
+            for reply in sorted(replies, key=lambda r: r.metadata.src_node_id):  # arrival order varies
+                if self._queries.pop(reply.metadata.reply_to_message_id, None) is not None:
+                    self.add_node(reply)
 
     def add_node(self, reply: Message) -> None:
         """Record the partition a node's ``query`` reply declares (or why it is refused)."""
@@ -128,6 +166,7 @@ class AlgorithmStrategy(Strategy):
                 why = f"node config partition-id={pid}; expected 0 <= partition-id < {n}"
             elif self.partitions.get(pid, node) != node:
                 why = f"partition-id={pid} is already served by node {self.partitions[pid]}"
+                self.standby[node] = pid
             else:
                 self.partitions[pid] = node
                 return
@@ -171,10 +210,13 @@ class AlgorithmStrategy(Strategy):
             raise RuntimeError(f"aggregate_train({server_round}) after configure_train({rnd})")
         t_agg = time.perf_counter()
         got, errors, configs = {}, {}, dict(plan)
+        self.timing = {}
         for reply in replies:
             cid = sent.get(reply.metadata.src_node_id)
             if cid is None:
                 continue  # a late reply to an earlier round
+            if not reply.has_error() and TIMING_KEY in reply.content:
+                self.timing[cid] = dict(reply.content[TIMING_KEY])
             if reply.has_error():
                 errors[cid] = reply.error.reason
                 continue
