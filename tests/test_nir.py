@@ -53,7 +53,7 @@ EXPORTABLE = [name for name in model_names() if "resnet" not in name]  # residua
 
 
 def test_residual_zoo_models_are_refused_for_their_skip_path():
-    residual = [name for name in model_names() if name not in EXPORTABLE]
+    residual = [name for name in model_names() if "resnet" in name]  # (other tests register models of their own)
     assert residual
     for name in residual:
         with pytest.raises(DeployError, match=r"residual connection: SLAYER's main path reaches the join one step "

@@ -59,9 +59,9 @@ class Node:
         if threads:
             torch.set_num_threads(int(threads))
         if cfg["federation"].get("fast_kernels", True):  # as the runner's Experiment: the same bits
-            from neurofed.models import fast_cuba
+            from neurofed import kernels
 
-            fast_cuba.enable(gradients="fast" if cfg["federation"].get("fast_gradients") else "exact")
+            kernels.enable(gradients="fast" if cfg["federation"].get("fast_gradients") else "exact")
         t1 = time.perf_counter()
         self.cfg = cfg
         self.device = resolve_device(cfg["federation"].get("device", "auto"))  # this SuperNode's own device
