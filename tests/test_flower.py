@@ -25,6 +25,7 @@ import pytest
 from conftest import tiny_overrides
 
 import neurofed.flower  # noqa: F401  (telemetry off before flwr is imported)
+from neurofed.flower.loopback import free_ports
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
@@ -554,16 +555,6 @@ def test_sfedhifi_in_flower_simulation_equals_the_in_process_runner(tmp_path, pr
 # --------------------------------------------------------------------------- flwr CLI
 
 
-def free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def start_superlink(tmp_path: Path, procs: Processes, port: int, simulation: bool) -> Path:
