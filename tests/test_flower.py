@@ -555,8 +555,6 @@ def test_sfedhifi_in_flower_simulation_equals_the_in_process_runner(tmp_path, pr
 # --------------------------------------------------------------------------- flwr CLI
 
 
-
-
 def start_superlink(tmp_path: Path, procs: Processes, port: int, simulation: bool) -> Path:
     """A SuperLink on ``port``; returns the FLWR_HOME whose config names it ``test``."""
     home = tmp_path / "flwr-cli"
