@@ -125,6 +125,23 @@ def _checks() -> dict[str, Check]:
     }
 
 
+def image_option_problems(d: dict) -> list[str]:
+    """The image sets' own keys (``d``: the data section, defaults filled in): valid, and
+    set only for the data set that has them. Checked by the config and again by the
+    loader, which may be called without a validated config."""
+    problems = []
+    if d.get("cifar100_labels") not in ("fine", "coarse"):
+        problems.append(f"data.cifar100_labels: got {d.get('cifar100_labels')!r}; allowed: fine, coarse")
+    elif d["cifar100_labels"] == "coarse" and d.get("name") != "cifar100":
+        problems.append(f"data.cifar100_labels: got 'coarse'; only cifar100 has coarse labels "
+                        f"(data.name is {d.get('name')!r})")
+    if not isinstance(d.get("svhn_extra"), bool):
+        problems.append(f"data.svhn_extra: got {d.get('svhn_extra')!r}; expected true or false")
+    elif d["svhn_extra"] and d.get("name") != "svhn":
+        problems.append(f"data.svhn_extra: got true; only svhn has an extra split (data.name is {d.get('name')!r})")
+    return problems
+
+
 def _cross_checks(cfg: dict) -> list[str]:
     """Keys that only make sense together with others (the load checks the rest)."""
     d = cfg.get("data", {})
@@ -133,12 +150,7 @@ def _cross_checks(cfg: dict) -> list[str]:
         problems.append(f"data.mean / data.std: set with data.encoding {d.get('encoding')!r}; normalisation "
                         "applies to direct (analog) input only: rate coding needs pixels in [0, 1] as spike "
                         "probabilities")
-    if d.get("cifar100_labels") == "coarse" and d.get("name") != "cifar100":
-        problems.append(f"data.cifar100_labels: got 'coarse'; only cifar100 has coarse labels "
-                        f"(data.name is {d.get('name')!r})")
-    if d.get("svhn_extra") is True and d.get("name") != "svhn":
-        problems.append(f"data.svhn_extra: got true; only svhn has an extra split (data.name is {d.get('name')!r})")
-    return problems
+    return problems + image_option_problems({**DATA_DEFAULTS, **d})
 
 
 register_section(Section("data", DATA_DEFAULTS, _checks, _cross_checks))

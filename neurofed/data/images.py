@@ -423,19 +423,10 @@ IMAGE_SETS = {s.name: s for s in (MNIST, FASHION_MNIST, CIFAR10, CIFAR100, SVHN)
 
 def image_options(name: str, data_cfg: dict) -> dict:
     """The keys that change what ``name`` loads; one-line errors for keys of other sets."""
-    from neurofed.data import DATA_DEFAULTS
+    from neurofed.data import DATA_DEFAULTS, image_option_problems
 
-    d = {**DATA_DEFAULTS, **data_cfg}
-    problems = []
-    if d.get("cifar100_labels") not in ("fine", "coarse"):
-        problems.append(f"data.cifar100_labels: got {d.get('cifar100_labels')!r}; allowed: fine, coarse")
-    elif d["cifar100_labels"] != "fine" and name != "cifar100":
-        problems.append(f"data.cifar100_labels: got {d['cifar100_labels']!r}; only cifar100 has coarse labels "
-                        f"(data.name is {name})")
-    if not isinstance(d.get("svhn_extra"), bool):
-        problems.append(f"data.svhn_extra: got {d.get('svhn_extra')!r}; expected true or false")
-    elif d["svhn_extra"] and name != "svhn":
-        problems.append(f"data.svhn_extra: got true; only svhn has an extra split (data.name is {name})")
+    d = {**DATA_DEFAULTS, **data_cfg, "name": name}
+    problems = image_option_problems(d)
     if problems:
         raise DataFileError("\n".join(problems))
     return {"root": d.get("root"), "cache": d.get("cache"), "cifar100_labels": d["cifar100_labels"],
