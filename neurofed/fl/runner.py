@@ -76,6 +76,20 @@ class RoundTraining:
     time_aggregate_s: float
 
 
+def configure_compute(cfg: dict) -> None:
+    """This process's torch threads and fast kernels as ``federation`` says (the in-process
+    runner and every Flower ClientApp: the same bits)."""
+    threads = cfg["federation"].get("threads")
+    if threads:
+        torch.set_num_threads(int(threads))
+    if cfg["federation"].get("fast_kernels", True):
+        from neurofed import kernels
+
+        # same spikes as stock SLAYER, faster on CPU; gradients bit-identical unless
+        # fast_gradients (then equal up to float32 rounding)
+        kernels.enable(gradients="fast" if cfg["federation"].get("fast_gradients") else "exact")
+
+
 class Experiment:
     """Everything one run needs, built from a validated config."""
 
@@ -83,15 +97,7 @@ class Experiment:
         self.cfg = cfg
         # local training and the global evaluation run here; everything else stays on the CPU
         self.device = resolve_device(cfg["federation"].get("device", "auto"))
-        threads = cfg["federation"].get("threads")
-        if threads:
-            torch.set_num_threads(int(threads))
-        if cfg["federation"].get("fast_kernels", True):
-            from neurofed import kernels
-
-            # same spikes as stock SLAYER, faster on CPU; gradients bit-identical unless
-            # fast_gradients (then equal up to float32 rounding)
-            kernels.enable(gradients="fast" if cfg["federation"].get("fast_gradients") else "exact")
+        configure_compute(cfg)
         self.dataset, self.parts = load_partitioned(cfg)
         ds = self.dataset
         self.counts = label_counts(ds.y_train, self.parts, ds.num_classes)

@@ -38,7 +38,7 @@ from neurofed.algorithms import get_algorithm_class
 from neurofed.algorithms.base import ClientData
 from neurofed.data.encoding import as_tensor
 from neurofed.fl.params import ParamSpec
-from neurofed.fl.runner import load_partitioned
+from neurofed.fl.runner import configure_compute, load_partitioned
 from neurofed.fl.seeds import seed_for
 from neurofed.fl.train import evaluate
 from neurofed.flower.records import from_arrays, from_config, load_state, save_state, to_arrays, to_metrics
@@ -55,13 +55,7 @@ class Node:
 
     def __init__(self, cfg: dict):
         t0 = time.perf_counter()
-        threads = cfg["federation"].get("threads")
-        if threads:
-            torch.set_num_threads(int(threads))
-        if cfg["federation"].get("fast_kernels", True):  # as the runner's Experiment: the same bits
-            from neurofed import kernels
-
-            kernels.enable(gradients="fast" if cfg["federation"].get("fast_gradients") else "exact")
+        configure_compute(cfg)  # as the runner's Experiment: the same bits
         t1 = time.perf_counter()
         self.cfg = cfg
         self.device = resolve_device(cfg["federation"].get("device", "auto"))  # this SuperNode's own device
