@@ -637,10 +637,10 @@ def test_loopback_deployment_superlink_and_two_supernodes(tmp_path, processes):
 # --------------------------------------------------------------------------- loopback deployments (neurofed.flower.loopback)
 
 
-def loopback(tmp_path: Path, nodes: int, **kw):
+def loopback(tmp_path: Path, nodes: int, env: dict | None = None, **kw):
     from neurofed.flower.loopback import Loopback
 
-    return Loopback(tmp_path / "lb", nodes, env={"PYTHONPATH": str(REPO)}, **kw)
+    return Loopback(tmp_path / "lb", nodes, env={"PYTHONPATH": str(REPO), **(env or {})}, **kw)
 
 
 @pytest.mark.slow
@@ -743,26 +743,52 @@ def test_resume_refuses_algorithms_whose_client_state_lived_on_the_supernodes(tm
         server_app(HandGrid({}), ctx)
 
 
+# sitecustomize for the deployment's processes: the ServerApp SIGKILLs itself once the
+# SuperLink holds round 3's train messages but none of their arrays (once, marked by KILL_MARK).
+KILL_BEFORE_ROUND_3_ARRAYS = """
+import os, signal, sys
+if sys.argv[0].endswith("flwr-serverapp") and not os.path.exists(os.environ["KILL_MARK"]):
+    from flwr.app import Message
+    from flwr.superlink.grid import http_grid
+
+    push_objects = http_grid.push_objects
+
+    def push_or_die(objects, *args, **kwargs):
+        if any(isinstance(o, Message) and o.metadata.group_id == "3" for o in objects.values()):
+            open(os.environ["KILL_MARK"], "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return push_objects(objects, *args, **kwargs)
+
+    http_grid.push_objects = push_or_die
+"""
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="known bug (issue 21, open): after the ServerApp is killed, the long-lived "
-                   "workers may not answer the resumed run's first message")
-def test_a_killed_serverapp_resumes_from_its_checkpoint(tmp_path):
+@pytest.mark.parametrize("kill", ["after_round_2", "before_round_3_arrays"])
+def test_a_killed_serverapp_resumes_from_its_checkpoint(tmp_path, kill):
     """FedAvg on a loopback deployment: the ServerApp process is killed (SIGKILL) after
-    round 2; ``flwr run`` with ``resume=true`` and the same ``out`` finishes the run, and
-    the result equals an uninterrupted in-process run bit for bit."""
+    round 2, or between pushing round 3's messages and their arrays (the SuperNodes then
+    give up messages their workers were already waiting for; issue 21); ``flwr run``
+    with ``resume=true`` and the same ``out`` finishes the run, and the result equals an
+    uninterrupted in-process run bit for bit."""
     import threading
 
     neurofed_set = tiny_set(**{"partition.num_clients": 2, "federation.rounds": 4})
-    out = tmp_path / "flower"
-    lb = loopback(tmp_path, 2, tls=False, isolation="process")
+    out, mark = tmp_path / "flower", tmp_path / "killed"
+    env = {}
+    if kill == "before_round_3_arrays":
+        (tmp_path / "hook").mkdir()
+        (tmp_path / "hook" / "sitecustomize.py").write_text(KILL_BEFORE_ROUND_3_ARRAYS)
+        env = {"PYTHONPATH": f"{tmp_path / 'hook'}{os.pathsep}{REPO}", "KILL_MARK": str(mark)}
+    lb = loopback(tmp_path, 2, tls=False, isolation="process", env=env)
     first: dict = {}
     try:
         lb.start()
         run = threading.Thread(target=lambda: first.update(lb.run(f"neurofed-set='{neurofed_set}' out='{out}'",
                                                                   timeout=900)), daemon=True)
         run.start()
-        deadline, killed = time.monotonic() + 900, []
-        while not killed and run.is_alive() and time.monotonic() < deadline:
+        deadline = time.monotonic() + 900
+        while kill == "after_round_2" and not mark.exists() and run.is_alive() and time.monotonic() < deadline:
             if (out / "metrics.jsonl").exists() and len((out / "metrics.jsonl").read_text().splitlines()) >= 2:
                 lb.procs.scan()
                 for pid in lb.procs.alive():
@@ -772,10 +798,10 @@ def test_a_killed_serverapp_resumes_from_its_checkpoint(tmp_path):
                         continue
                     if b"flwr-serverapp" in cmd:
                         lb.procs.signal(pid, signal.SIGKILL)
-                        killed.append(pid)
+                        mark.touch()
             time.sleep(0.1)
-        assert killed, "no ServerApp process found"
         run.join(timeout=600)
+        assert mark.exists(), "no ServerApp process killed"
         assert first.get("status", "").startswith("finished:failed"), first
         rounds_before = len((out / "metrics.jsonl").read_text().splitlines())
         assert 2 <= rounds_before < 4
@@ -788,6 +814,46 @@ def test_a_killed_serverapp_resumes_from_its_checkpoint(tmp_path):
     ref_params, ref_lines = reference(tmp_path, "inprocess", neurofed_set)
     assert np.array_equal(params, ref_params)
     same_records(lines, ref_lines)
+
+
+def test_worker_drops_a_message_its_supernode_gave_up_and_serves_the_next_task(monkeypatch):
+    """A task whose message objects never come (its SuperNode gave the message up when
+    the run ended mid-transfer) ends as soon as the SuperNode queues another task; that
+    task is claimed once, by one of the pull threads, and runs next."""
+    from flwr.proto.message_pb2 import PullObjectResponse
+    from flwr.proto.node_pb2 import Node as NodeProto
+    from flwr.supercore.inflatable.inflatable_protobuf_utils import make_pull_object_fn_protobuf
+    from flwr.supercore.inflatable.inflatable_utils import pull_objects
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    from neurofed.flower.worker import MessageDropped, Worker
+
+    monkeypatch.setattr(RuntimeHttpClient, "PullObject",
+                        lambda self, request: PullObjectResponse(object_found=True, object_available=False))
+    worker = Worker("127.0.0.1:9", insecure=True)  # no connection is made
+    queued, claims = iter([None, None, None, "next-task"]), []  # a task is queued after three asks
+
+    def acquire():
+        claims.append(next(queued, None))
+        return claims[-1]
+
+    monkeypatch.setattr(worker, "acquire", acquire)
+    client = worker._client("dead-run-task")
+    client.dropped = worker.superseded
+    pull = make_pull_object_fn_protobuf(client.PullObject, NodeProto(node_id=1), run_id=7)
+    with pytest.raises(MessageDropped, match="run 7"):
+        pull_objects(["arrays", "config", "message"], pull, initial_backoff=0.01, backoff_cap=0.01)
+    assert claims.count("next-task") == 1 and worker.claimed == "next-task"
+
+    ran, stop = [], threading.Event()
+
+    def run_task(token):
+        ran.append(token)
+        stop.set()
+
+    monkeypatch.setattr(worker, "run_task", run_task)
+    worker.serve(stop)
+    assert ran == ["next-task"] and worker.claimed is None
 
 
 def test_worker_runs_only_fabs_that_ship_its_own_code(tmp_path):

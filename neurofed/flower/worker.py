@@ -16,6 +16,10 @@ other client states persist exactly as with ``flwr-clientapp``.
     flower-supernode --isolation process --port 9094 ... &
     python -m neurofed.flower.worker --runtime-api-address 127.0.0.1:9094 --insecure
 
+A message its SuperNode gives up while the worker is pulling it is dropped here too
+(:class:`TaskClient`), so a worker left behind by a killed ServerApp serves the next
+run (e.g. ``resume=true``) at once.
+
 The worker runs the neurofed it was started with. It refuses (an error reply naming
 the file) the tasks of a run whose FAB ships other neurofed sources, example configs
 or hardware profiles than these: restart it from the code the run was started with.
@@ -32,12 +36,14 @@ import time
 import zipfile
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
 import neurofed.flower  # noqa: F401  (telemetry off before flwr is imported)
 from flwr.app import Error, Message
 from flwr.common.constant import ErrorCode, SubStatus
+from flwr.proto.message_pb2 import PullObjectRequest, PullObjectResponse  # pylint: disable=E0611
 from flwr.proto.runtime_pb2 import AcquireTaskRequest, SendTaskHeartbeatRequest  # pylint: disable=E0611
 from flwr.supercore import log
 from flwr.supercore.app_utils import start_parent_process_monitor
@@ -68,6 +74,33 @@ def differing_file(fab: bytes, root: Path = APP_DIR) -> str | None:
     return None
 
 
+class MessageDropped(Exception):
+    """The SuperNode gave up the message of the task being run here."""
+
+
+class TaskClient(RuntimeHttpClient):
+    """The Runtime API client of one task: while an object of the task's message is not
+    there yet, it asks ``dropped()`` whether the SuperNode gave the message up, and
+    if so ends the pull.
+
+    flwr 1.41's SuperNode pulls a message's objects from the SuperLink after queueing
+    its task; when the run ends meanwhile (e.g. its ServerApp was killed between pushing
+    a message and its arrays), its ``RunNotRunningException`` (a ``BaseException``)
+    skips the ``except Exception`` that would finish the task. The task stays queued,
+    its objects never come, and Flower's pull retries them for over an hour (500 tries,
+    10 s apart) while heartbeats keep the task alive: a worker serving one task at a
+    time would answer no later run's message."""
+
+    dropped: Callable[[], bool] = staticmethod(lambda: False)
+
+    def PullObject(self, request: PullObjectRequest) -> PullObjectResponse:  # pylint: disable=invalid-name
+        res = super().PullObject(request)
+        if res.object_found and not res.object_available and self.dropped():
+            raise MessageDropped(f"the SuperNode gave up the message of run {request.run_id} (its run ended "
+                                 f"before the message arrived); serving its next task")
+        return res
+
+
 class Worker:
     """Claims and runs the ClientApp tasks of one SuperNode's Runtime API."""
 
@@ -77,36 +110,58 @@ class Worker:
         self.poll = poll
         self.fabs: dict[str, str | None] = {}  # FAB hash -> why its tasks are refused (None: they run here)
         self.tasks = 0
+        self.claimed: str | None = None  # token of a task claimed while another ran, run next
+        self._claiming = threading.Lock()  # several threads pull a message; one claim only
         self.client = self._client()
 
     def _client(self, token: str | None = None) -> RuntimeHttpClient:
         interceptors = [RuntimeVersionHttpInterceptor(component_name="flwr-clientapp")]
         if token is not None:
             interceptors.append(RuntimeTokenHttpInterceptor(token))
+        client_class = RuntimeHttpClient if token is None else TaskClient
         # Transport errors retried for up to 30 s; any HTTP error ends the call (Flower's
         # own invoker stops the process on a 401, which must not end a long-lived worker).
         retry = RetryInvoker(lambda: exponential(base_delay=0.2, max_delay=2), httpx.TransportError,
                              max_tries=None, max_time=30.0)
-        return RuntimeHttpClient.from_server_address(server_address=self.address, insecure=self.insecure,
-                                                     root_certificates=self.certificates, interceptors=interceptors,
-                                                     retry_invoker=retry)
+        return client_class.from_server_address(server_address=self.address, insecure=self.insecure,
+                                                root_certificates=self.certificates, interceptors=interceptors,
+                                                retry_invoker=retry)
+
+    def acquire(self) -> str | None:
+        """Claim the SuperNode's oldest queued ClientApp task; its token, or None."""
+        res = self.client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
+        return res.token if res.HasField("task") and res.token else None
+
+    def superseded(self) -> bool:
+        """Whether the SuperNode queued another task while the one here waits for its
+        message (that task is claimed, and runs next). A SuperNode handles one message at
+        a time: it queues the next only after it has all of the previous one's objects, or
+        gave the message up; so one whose objects are still missing never comes."""
+        with self._claiming:
+            if self.claimed is None:
+                try:
+                    self.claimed = self.acquire()
+                except httpx.HTTPError:  # asked again at the pull's next try
+                    pass
+            return self.claimed is not None
 
     def serve(self, stop: threading.Event) -> None:
-        request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
         while not stop.is_set():
+            token, self.claimed = self.claimed, None
             try:
-                res = self.client.AcquireTask(request)
+                token = token or self.acquire()
             except httpx.HTTPError as exc:  # the SuperNode is restarting: keep asking
                 log(WARNING, "neurofed worker: Runtime API at %s: %s", self.address, exc)
                 stop.wait(1.0)
                 continue
-            if res.HasField("task") and res.token:
-                self.run_task(res.token)
+            if token:
+                self.run_task(token)
             else:
                 stop.wait(self.poll)
 
     def run_task(self, token: str) -> None:
         client = self._client(token)
+        client.dropped = self.superseded
         beat = HeartbeatSender(lambda: self._heartbeat(client))
         beat.start()
         context, status, details = None, SubStatus.FAILED, "ClientApp task failed"
@@ -125,6 +180,9 @@ class Worker:
                 status, details = SubStatus.COMPLETED, ""
             push_message(client, reply, context)
             self.tasks += 1
+        except MessageDropped as exc:  # no reply: the SuperNode waits for none
+            log(WARNING, "neurofed worker: %s", exc)
+            details = str(exc)
         except Exception as exc:  # pylint: disable=broad-except  (one task failed; the worker goes on)
             log(ERROR, "neurofed worker: task failed: %s: %s", type(exc).__name__, exc)
             details = f"{type(exc).__name__}: {exc}"
