@@ -291,6 +291,28 @@ def test_hooks_on_neurons_still_run():
     assert_identical(seen[False][0], seen[True][0], "block output")
 
 
+@pytest.mark.parametrize("scale, num_bits, descale", [(64, 8, False), (64, 8, True), (100, 6, False), (3, 8, True)])
+def test_quantize_hook(scale, num_bits, descale, variant_ext):
+    """The weight hook, forward and backward, on values at and between the steps,
+    beyond the clamp bounds, signed zeros, NaN and inf (scale 100: a step that is not
+    a power of two; 3: a non-integer bound)."""
+    g = torch.Generator().manual_seed(scale + num_bits)
+    step = 2 / scale
+    edges = torch.tensor([0.0, -0.0, step / 2, -step / 2, 1.5 * step, -2.5 * step, 1e-30, -1e-30,
+                          10.0, -10.0, 1e9, float("nan"), float("inf"), -float("inf")])
+    w = torch.cat([torch.randn(4099, generator=g) * 4, edges, torch.arange(-600, 600) * step / 2])
+    outs = {}
+    for fast in (False, True):
+        x = w.clone().requires_grad_(True)
+        with kernels.enabled(fast):
+            y = slayer.utils.quantize_hook_fx(x, scale=scale, num_bits=num_bits, descale=descale)
+        assert (type(y.grad_fn).__name__ == "_QuantizeHookBackward") is fast  # the kernel ran
+        y.backward(torch.randn(y.shape, generator=torch.Generator().manual_seed(7)))
+        outs[fast] = (y.detach(), x.grad)
+    assert_identical(outs[True][0], outs[False][0], "hook output")
+    assert_identical(outs[True][1], outs[False][1], "hook gradient")
+
+
 def test_pool_block():
     def make():
         return cuba().Pool(NEURON, 2)

@@ -210,6 +210,26 @@ class _SpikeConv(torch.autograd.Function):
         return gx, gw, None, None
 
 
+class _QuantizeHook(torch.autograd.Function):
+    """SLAYER's ``utils.quantize_hook_fx``: ``quantize(w, step).clamp(lo, hi)``, times
+    ``scale`` when descaling, in one pass each way instead of four elementwise ops and
+    their temporaries (a dense layer's millions of weights, every forward). Same
+    float32 operations lane by lane (see quantize.h), so bit-identical; the backward
+    passes the gradient where the clamp did, as ClampBackward does."""
+
+    @staticmethod
+    def forward(ctx, w, step, lo, hi, scale):
+        out, keep = ext.quantize_fwd(w.detach().contiguous(), step, lo, hi, scale)
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (keep,) = ctx.saved_tensors
+        return ext.quantize_bwd(g.contiguous(), keep, ctx.scale), None, None, None, None
+
+
 class _PoolFn(torch.autograd.Function):
     """SLAYER's pooling synapse: ``F.conv3d`` over [N, 1, C*H, W, T] with kernel
     (kh, kw, 1) == stride and no padding, so windows do not overlap.

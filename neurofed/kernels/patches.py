@@ -247,6 +247,21 @@ def _fast_delay(input, delay_val=1, sampling_time=1):
         return ops._Shift1.apply(input)
     return _orig["delay"](input, delay_val, sampling_time)
 
+def _fast_quantize_hook_fx(x, scale=(1 << 6), num_bits=8, descale=False):
+    """Patched ``utils.quantize_hook_fx`` (the 8-bit weight hook); falls back outside
+    its domain."""
+    if (
+        ops.ext is None or not torch.is_tensor(x) or x.device.type != "cpu" or x.dtype != torch.float32
+        or isinstance(scale, bool) or not isinstance(scale, (int, float)) or not isinstance(num_bits, int)
+        or not scale > 0  # (a negative scale swaps the clamp bounds: stock handles it)
+    ):
+        return _orig["quantize_hook"](x, scale, num_bits, descale)
+    # stock: quantize(x, step=2 / scale).clamp(min / scale, max / scale), then `* scale`
+    # unless `descale is False`; the C++ casts each Python scalar to float32 as torch does
+    lo, hi = -2 * (1 << num_bits) / scale, 2 * ((1 << num_bits) - 1) / scale
+    return ops._QuantizeHook.apply(x, 2 / scale, lo, hi, 1.0 if descale is False else float(scale))
+
+
 # --------------------------------------------------------------------------- #
 # the patch points
 # --------------------------------------------------------------------------- #
@@ -270,6 +285,9 @@ PATCHES = (
           "CUBA dynamics + Spike: one fused kernel each way",
           ("test_neuron_dynamics_and_spikes", "test_inputs_on_the_threshold_grid",
            "test_single_time_step_and_no_grad")),
+    Patch("quantize_hook", _SL + "utils", None, "quantize_hook_fx", _fast_quantize_hook_fx,
+          "8-bit weight hook (quantize, clamp, descale): one pass each way",
+          ("test_quantize_hook", "test_digits_cnn_training_step")),
     Patch("delay", _SL + "block.base", None, "delay", _fast_delay,
           "one-step axonal delay: single-copy shift",
           ("test_persistent_state_streaming_with_delay_no_grad",)),

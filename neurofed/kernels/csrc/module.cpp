@@ -5,6 +5,7 @@
 #include "common.h"
 #include "neuron.h"
 #include "pool.h"
+#include "quantize.h"
 #include "synapse.h"
 #include "vnni.h"
 
@@ -36,6 +37,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   NF_DEF(vnni_conv_fwd);
   NF_DEF(pool_fwd);
   NF_DEF(pool_bwd);
+  NF_DEF(quantize_fwd);
+  NF_DEF(quantize_bwd);
   NF_DEF(kernels);
   NF_DEF(regs);
 }

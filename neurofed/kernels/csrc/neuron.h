@@ -95,7 +95,7 @@ static inline v16::vi mul_shift12_to_zero_i32(v16::vi a, v16::vi d) {
   const v16::vi r = v16::add_epi32(
       v16::mullo_epi32(v16::srli_epi32(m, 12), d),
       v16::srli_epi32(v16::mullo_epi32(v16::and_si512(m, v16::set1_epi32(4095)), d), 12));
-  return v16::mask_sub_epi32(r, v16::movepi32_mask(a), v16::setzero_si512(), r);
+  return v16::negate_where_negative_epi32(r, a);
 }
 
 // The integer states of one tile: 16 int32 lanes when the tile group's values provably
@@ -112,7 +112,7 @@ struct CubaState<true> {
     i = v16::add_epi32(mul_shift12_to_zero_i32(i, d), v16::cvttps_epi32(x));
     return v16::cvtepi32_ps(i);
   }
-  void reset_at(v16::vf f, v16::vf rth) { i = v16::mask_mov_epi32(i, v16::cmp_ps_mask(f, rth, v16::GE_OQ), v16::setzero_si512()); }
+  void reset_at(v16::vf f, v16::vf rth) { i = v16::zero_where_ge_epi32(i, f, rth); }
 };
 template <>
 struct CubaState<false> {
@@ -143,7 +143,7 @@ static inline void cuba_fwd_steps(const CubaFwdArgs& A, float* const* tin, float
   const v16::vi cd = I32 ? v16::set1_epi32((int)A.cd) : v16::set1_epi64(A.cd);
   const v16::vi vd = I32 ? v16::set1_epi32((int)A.vd) : v16::set1_epi64(A.vd);
   const v16::vf ws = v16::set1_ps(A.ws), iws = v16::set1_ps(A.iws), sth = v16::set1_ps(A.sth),
-               tf = v16::set1_ps(A.tf), one = v16::set1_ps(1.f), rth = v16::set1_ps(A.rth);
+               tf = v16::set1_ps(A.tf), rth = v16::set1_ps(A.rth);
   const v16::vf absmask = v16::castsi512_ps(v16::set1_epi32(0x7fffffff));
   const v16::vf signbit = v16::castsi512_ps(v16::set1_epi32((int)0x80000000));
   CubaState<I32> cs[NT], vs[NT];
@@ -159,7 +159,7 @@ static inline void cuba_fwd_steps(const CubaFwdArgs& A, float* const* tin, float
       const v16::vf vf = vs[u].step(vd, v16::mul_ps(ws, c[u]));
       if (RESET) vs[u].reset_at(vf, rth);
       v[u] = POW2 ? v16::mul_ps(vf, iws) : v16::div_ps(vf, ws);
-      v16::storeu_ps(tsp[u] + (t + A.sh) * V, v16::maskz_mov_ps(v16::cmp_ps_mask(v[u], sth, v16::GE_OQ), one));
+      v16::storeu_ps(tsp[u] + (t + A.sh) * V, v16::one_where_ge_ps(v[u], sth));
       if (EARG) {
         const v16::vf a = v16::and_ps(v16::sub_ps(v[u], sth), absmask);
         v16::storeu_ps(tea[u] + t * V, v16::div_ps(v16::xor_ps(a, signbit), tf));

@@ -124,6 +124,15 @@ static inline mask movepi32_mask(vi a) { return to_mask((vi32)a < 0); }
 static inline vi mask_sub_epi32(vi src, mask m, vi a, vi b) { return (vi)(from_mask(m) ? (vi32)a - (vi32)b : (vi32)src); }
 static inline vi mask_mov_epi32(vi src, mask m, vi a) { return (vi)(from_mask(m) ? (vi32)a : (vi32)src); }
 static inline vi mask_or_epi32(vi src, mask m, vi a, vi b) { return (vi)(from_mask(m) ? (vi32)(a | b) : (vi32)src); }
+// Compare-and-select in one step (the neuron kernels' per-step lane tests): with
+// AVX-512 through a mask register; elsewhere on the compare's lane vector, which a
+// bit mask would cost a round trip through a general register per use.
+// -r where a < 0, else r (the caller has r = 0 where a = 0)
+static inline vi negate_where_negative_epi32(vi r, vi a) { return mask_sub_epi32(r, movepi32_mask(a), setzero_si512(), r); }
+// 0 where f >= th, else i
+static inline vi zero_where_ge_epi32(vi i, vf f, vf th) { return mask_mov_epi32(i, cmp_ps_mask(f, th, GE_OQ), setzero_si512()); }
+// 1.0f where v >= th, else 0
+static inline vf one_where_ge_ps(vf v, vf th) { return maskz_mov_ps(cmp_ps_mask(v, th, GE_OQ), set1_ps(1.f)); }
 static inline vi cvttps_epi32(vf a) { return (vi)__builtin_convertvector(a, vi32); }  // truncation, as the C cast
 static inline vf cvtepi32_ps(vi a) { return __builtin_convertvector((vi32)a, vf); }   // round to nearest
 
@@ -384,6 +393,21 @@ static inline vi mask_or_epi32(vi src, mask m, vi a, vi b) {
   return vi{{L(from_mask8(m & 0xff) ? I(a.h[0] | b.h[0]) : I(src.h[0])),
              L(from_mask8(m >> 8) ? I(a.h[1] | b.h[1]) : I(src.h[1]))}};
 }
+// compare-and-select on lane vectors (see the AVX-512 versions)
+static inline l4 sign8(l4 r, l4 a) {
+#if defined(__AVX2__)
+  return (l4)_mm256_sign_epi32((__m256i)r, (__m256i)a);  // 0 where a = 0, where r = 0 too
+#else
+  return L(I(a) < 0 ? -I(r) : I(r));
+#endif
+}
+static inline vi negate_where_negative_epi32(vi r, vi a) { return vi{{sign8(r.h[0], a.h[0]), sign8(r.h[1], a.h[1])}}; }
+static inline vi zero_where_ge_epi32(vi i, vf f, vf th) {
+  return vi{{L(f.h[0] >= th.h[0] ? 0 : I(i.h[0])), L(f.h[1] >= th.h[1] ? 0 : I(i.h[1]))}};
+}
+static inline vf one_where_ge_ps(vf v, vf th) {
+  return vf{{(f8)((v.h[0] >= th.h[0]) & (i8v)(f8{} + 1.f)), (f8)((v.h[1] >= th.h[1]) & (i8v)(f8{} + 1.f))}};
+}
 // truncation, as the C cast (the kernels convert only values proven to fit)
 static inline vi cvttps_epi32(vf a) {
   return vi{{L(__builtin_convertvector(a.h[0], i8v)), L(__builtin_convertvector(a.h[1], i8v))}};
@@ -434,6 +458,43 @@ static inline l4 dpbusd8(l4 acc, l4 a, l4 b) {
 #endif
 }
 static inline vi dpbusd_epi32(vi acc, vi a, vi b) { return vi{{dpbusd8(acc.h[0], a.h[0], b.h[0]), dpbusd8(acc.h[1], a.h[1], b.h[1])}}; }
+
+// The same products with 16-bit partial sums, for the 8-bit kernel without AVX-512
+// (vpmaddubsw + vpaddw: two instructions per 32 multiply-adds against vpdpbusd's
+// three-instruction twin above): each 16-bit lane of maddubs_add_epi16 gains
+// u8(a.byte 2k) * s8(b.byte 2k) + u8(a.byte 2k+1) * s8(b.byte 2k+1), and
+// add_pairs_epi32 adds each 32-bit lane's two 16-bit lanes to acc. Exact (the same
+// integers as dpbusd_epi32) while every 16-bit lane stays within int16: the caller
+// bounds the number of terms (0/1 bytes in a: at most 256 in magnitude per call).
+typedef int16_t s16v __attribute__((vector_size(32)));
+typedef uint8_t u8b __attribute__((vector_size(32)));
+typedef int8_t s8b __attribute__((vector_size(32)));
+static inline l4 maddubs_add8(l4 acc, l4 a, l4 b) {
+#if defined(__AVX2__)
+  return (l4)_mm256_add_epi16((__m256i)acc, _mm256_maddubs_epi16((__m256i)a, (__m256i)b));
+#else
+  const u8b x = (u8b)a;
+  const s8b y = (s8b)b;
+  s16v r = (s16v)acc;
+  for (int k = 0; k < 16; ++k)
+    r[k] += (int16_t)((int)x[2 * k] * (int)y[2 * k] + (int)x[2 * k + 1] * (int)y[2 * k + 1]);
+  return (l4)r;
+#endif
+}
+static inline l4 add_pairs8(l4 acc, l4 s) {
+#if defined(__AVX2__)
+  return (l4)_mm256_add_epi32((__m256i)acc, _mm256_madd_epi16((__m256i)s, _mm256_set1_epi16(1)));
+#else
+  const s16v x = (s16v)s;
+  i8v r = I(acc);
+  for (int k = 0; k < 8; ++k) r[k] += (int32_t)x[2 * k] + (int32_t)x[2 * k + 1];
+  return L(r);
+#endif
+}
+static inline vi maddubs_add_epi16(vi acc, vi a, vi b) {
+  return vi{{maddubs_add8(acc.h[0], a.h[0], b.h[0]), maddubs_add8(acc.h[1], a.h[1], b.h[1])}};
+}
+static inline vi add_pairs_epi32(vi acc, vi s) { return vi{{add_pairs8(acc.h[0], s.h[0]), add_pairs8(acc.h[1], s.h[1])}}; }
 static inline void mask_store_epi8_from_epi32(int8_t* p, mask m, vi a) {
   for (int i = 0; i < 16; ++i)
     if (m >> i & 1) p[i] = (int8_t)I(a.h[i >> 3])[i & 7];

@@ -44,6 +44,53 @@ static inline void vnni_block(const VnniConv& c, const int32_t* xr, int64_t co0,
     v16::mask_storeu_ps(zb + (co0 + j) * zstride, lm, v16::mul_ps(v16::cvtepi32_ps(acc[j]), c.scale));
 }
 
+#if !defined(V16_AVX512)
+// Without AVX-512 (16 vector registers on AVX2): the products summed in 16-bit lanes
+// (v16::maddubs_add_epi16), widened to 32 bits every PAIR_RUN steps. With 0/1 inputs
+// a 16-bit lane gains at most 2 * 128 per step, so 64 steps stay within int16: the
+// same integers as vnni_block's int32 sums, in two instructions per 32 products
+// instead of three, and OB <= 4 blocks keep the 16-bit sums in registers.
+constexpr int PAIR_RUN = 64;
+template <int OB>
+static inline void pair_block(const VnniConv& c, const int32_t* xr, int64_t co0, float* zb, int64_t zstride,
+                              v16::mask lm) {
+  v16::vi acc[OB], part[OB];
+#pragma GCC unroll 4
+  for (int j = 0; j < OB; ++j) acc[j] = part[j] = v16::setzero_si512();
+  const int64_t word_row = c.CQ * c.TP, wstride = c.KH * c.KW * c.CQ;
+  const int32_t* w0 = c.wq + co0 * wstride;
+  int run = 0;
+  for (int64_t kh = 0; kh < c.KH; ++kh)
+    for (int64_t kw = 0; kw < c.KW; ++kw) {
+      const int32_t* xt = xr + (kh * c.Wp + kw) * word_row;
+      const int32_t* wt = w0 + (kh * c.KW + kw) * c.CQ;
+      for (int64_t cq0 = 0; cq0 < c.CQ;) {
+        // a branch-free run of steps (the 16-bit sums stay in registers), then widen
+        const int64_t cq1 = std::min<int64_t>(c.CQ, cq0 + PAIR_RUN - run);
+        for (int64_t cq = cq0; cq < cq1; ++cq) {
+          const v16::vi a = v16::loadu_si512(xt + cq * c.TP);
+#pragma GCC unroll 4
+          for (int j = 0; j < OB; ++j) part[j] = v16::maddubs_add_epi16(part[j], a, v16::set1_epi32(wt[j * wstride + cq]));
+        }
+        run += (int)(cq1 - cq0);
+        cq0 = cq1;
+        if (run == PAIR_RUN) {
+#pragma GCC unroll 4
+          for (int j = 0; j < OB; ++j) {
+            acc[j] = v16::add_pairs_epi32(acc[j], part[j]);
+            part[j] = v16::setzero_si512();
+          }
+          run = 0;
+        }
+      }
+    }
+#pragma GCC unroll 4
+  for (int j = 0; j < OB; ++j)
+    v16::mask_storeu_ps(zb + (co0 + j) * zstride, lm,
+                        v16::mul_ps(v16::cvtepi32_ps(v16::add_pairs_epi32(acc[j], part[j])), c.scale));
+}
+#endif
+
 at::Tensor vnni_conv_fwd(at::Tensor x, at::Tensor w, int64_t SH, int64_t SW, int64_t PH, int64_t PW,
                             double min_density) {
   const int64_t N = x.size(0), Ci = x.size(1), H = x.size(2), W = x.size(3), T = x.size(4);
@@ -53,42 +100,8 @@ at::Tensor vnni_conv_fwd(at::Tensor x, at::Tensor w, int64_t SH, int64_t SW, int
   const int64_t CQ = c.CQ, TP = c.TP, Hp = c.Hp, Wp = c.Wp;
   if (Hp < KH || Wp < KW || x.numel() == 0 || Co == 0) return at::Tensor();  // F.conv3d reports/handles it
   const int64_t Ho = (Hp - KH) / SH + 1, Wo = (Wp - KW) / SW + 1;
-  const float* wp = w.data_ptr<float>();
-  int k = 0;
-  if (!exact_weights(wp, Co, Ci * KK, &k)) return at::Tensor();
-  // q = w * 2^k: an exact product (power of two) and an integer (grid check);
-  // bytes [co][kk][ci] (ci padded to 4 * CQ), i.e. words [co][kk][cq]
-  const float to_int = std::ldexp(1.f, k);
-  std::vector<int32_t> wq(Co * KK * CQ, 0);
-  int8_t* wb = reinterpret_cast<int8_t*>(wq.data());
-  std::atomic<bool> int8{true};
-  at::parallel_for(0, Co, 16, [&](int64_t b, int64_t e) {
-    const v16::vf lo = v16::set1_ps(-128.f), hi = v16::set1_ps(127.f), scale = v16::set1_ps(to_int);
-    // offsets of 16 consecutive input channels' weights for one tap: w[co][ci][kk]
-    const v16::vi channel_offsets = v16::lane_index_times((int32_t)KK);
-    v16::mask out_of_range = 0;
-    for (int64_t co = b; co < e; ++co) {
-      const float* wr = wp + co * Ci * KK;
-      for (int64_t kk = 0; kk < KK; ++kk) {
-        int8_t* dst = wb + (co * KK + kk) * CQ * 4;
-        for (int64_t ci = 0; ci < Ci; ci += 16) {
-          const v16::mask lm = first_lanes(Ci - ci);
-          const float* src = wr + ci * KK + kk;
-          const v16::vf w16 = KK == 1 ? v16::maskz_loadu_ps(lm, src)
-                                     : v16::mask_i32gather_ps(lm, channel_offsets, src);
-          const v16::vf q = v16::mul_ps(w16, scale);
-          out_of_range |= v16::mask_cmp_ps_mask(lm, q, lo, v16::LT_OQ) | v16::mask_cmp_ps_mask(lm, q, hi, v16::GT_OQ);
-          v16::mask_store_epi8_from_epi32(dst + ci, lm, v16::cvttps_epi32(q));
-        }
-      }
-    }
-    if (out_of_range) int8 = false;
-  });
-  if (!int8.load()) return at::Tensor();
-  c.wq = wq.data();
-  c.scale = v16::set1_ps(std::ldexp(1.f, -k));
-
-  // repack the input; also checks that every input is 0 or 1 and counts the ones
+  // repack the input first (it also checks that every input is 0 or 1 and counts the
+  // ones): a sparse input goes to the spike-driven kernel before any weight is read
   std::unique_ptr<int32_t[]> xq(new int32_t[N * Hp * Wp * CQ * TP]);  // every word is written below
   int32_t* xqp = xq.get();
   const float* xp = x.data_ptr<float>();
@@ -131,12 +144,52 @@ at::Tensor vnni_conv_fwd(at::Tensor x, at::Tensor w, int64_t SH, int64_t SW, int
   // not exact (non-spike input), or sparse enough for the spike-driven kernel
   if (!binary.load() || (double)active.load() < min_density * (double)x.numel()) return at::Tensor();
   c.xq = xqp;
+  const float* wp = w.data_ptr<float>();
+  int k = 0;
+  if (!exact_weights(wp, Co, Ci * KK, &k)) return at::Tensor();
+  // q = w * 2^k: an exact product (power of two) and an integer (grid check);
+  // bytes [co][kk][ci] (ci padded to 4 * CQ), i.e. words [co][kk][cq]
+  const float to_int = std::ldexp(1.f, k);
+  std::vector<int32_t> wq(Co * KK * CQ, 0);
+  int8_t* wb = reinterpret_cast<int8_t*>(wq.data());
+  std::atomic<bool> int8{true};
+  at::parallel_for(0, Co, 16, [&](int64_t b, int64_t e) {
+    const v16::vf lo = v16::set1_ps(-128.f), hi = v16::set1_ps(127.f), scale = v16::set1_ps(to_int);
+    // offsets of 16 consecutive input channels' weights for one tap: w[co][ci][kk]
+    const v16::vi channel_offsets = v16::lane_index_times((int32_t)KK);
+    v16::mask out_of_range = 0;
+    for (int64_t co = b; co < e; ++co) {
+      const float* wr = wp + co * Ci * KK;
+      for (int64_t kk = 0; kk < KK; ++kk) {
+        int8_t* dst = wb + (co * KK + kk) * CQ * 4;
+        for (int64_t ci = 0; ci < Ci; ci += 16) {
+          const v16::mask lm = first_lanes(Ci - ci);
+          const float* src = wr + ci * KK + kk;
+          const v16::vf w16 = KK == 1 ? v16::maskz_loadu_ps(lm, src)
+                                     : v16::mask_i32gather_ps(lm, channel_offsets, src);
+          const v16::vf q = v16::mul_ps(w16, scale);
+          out_of_range |= v16::mask_cmp_ps_mask(lm, q, lo, v16::LT_OQ) | v16::mask_cmp_ps_mask(lm, q, hi, v16::GT_OQ);
+          v16::mask_store_epi8_from_epi32(dst + ci, lm, v16::cvttps_epi32(q));
+        }
+      }
+    }
+    if (out_of_range) int8 = false;
+  });
+  if (!int8.load()) return at::Tensor();
+  c.wq = wq.data();
+  c.scale = v16::set1_ps(std::ldexp(1.f, -k));
+
 
   // output channel blocks of 16, then 8, 4, 2, 1; work items (block, n, ho) with the
   // block outermost, so a thread's consecutive items reuse the block's weights from cache
   std::vector<std::pair<int64_t, int>> blocks;
+#if defined(V16_AVX512)
+  constexpr int ob_max = 16;
+#else
+  constexpr int ob_max = 4;  // pair_block's 16-bit sums in registers
+#endif
   for (int64_t co0 = 0; co0 < Co;) {
-    const int ob = Co - co0 >= 16 ? 16 : Co - co0 >= 8 ? 8 : Co - co0 >= 4 ? 4 : Co - co0 >= 2 ? 2 : 1;
+    const int ob = Co - co0 >= ob_max ? ob_max : Co - co0 >= 8 && ob_max >= 8 ? 8 : Co - co0 >= 4 ? 4 : Co - co0 >= 2 ? 2 : 1;
     blocks.emplace_back(co0, ob);
     co0 += ob;
   }
@@ -152,6 +205,7 @@ at::Tensor vnni_conv_fwd(at::Tensor x, at::Tensor w, int64_t SH, int64_t SW, int
           const v16::mask lm = first_lanes(T - t0);
           const int32_t* xr = xqp + ((n * Hp + ho * SH) * Wp + wo * SW) * pos_words + t0;
           float* zb = zp + ((n * Co * Ho + ho) * Wo + wo) * T + t0;
+#if defined(V16_AVX512)
           switch (ob) {
             case 16: vnni_block<16>(c, xr, co0, zb, zstride, lm); break;
             case 8: vnni_block<8>(c, xr, co0, zb, zstride, lm); break;
@@ -159,6 +213,13 @@ at::Tensor vnni_conv_fwd(at::Tensor x, at::Tensor w, int64_t SH, int64_t SW, int
             case 2: vnni_block<2>(c, xr, co0, zb, zstride, lm); break;
             default: vnni_block<1>(c, xr, co0, zb, zstride, lm);
           }
+#else
+          switch (ob) {
+            case 4: pair_block<4>(c, xr, co0, zb, zstride, lm); break;
+            case 2: pair_block<2>(c, xr, co0, zb, zstride, lm); break;
+            default: pair_block<1>(c, xr, co0, zb, zstride, lm);
+          }
+#endif
         }
     }
   });
