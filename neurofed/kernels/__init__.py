@@ -60,9 +60,10 @@ parameters after several Adam steps):
 
 Where the time of a digits CNN step still goes (1 thread; ``benchmarks/
 train_throughput.py`` prints the breakdown, ``benchmarks/results/
-train_throughput.txt`` records it): over a quarter in oneDNN's convolution
-backward (weight and input gradients are sums of arbitrary floats whose bits depend
-on oneDNN's summation order, so the stock call stays), about 30 % in the fused
+train_throughput.txt`` records it): from a quarter (AVX-512) to nearly half (AVX2)
+in oneDNN's convolution backward (weight and input gradients are sums of arbitrary
+floats whose bits depend on oneDNN's summation order, so the stock call stays),
+about 30 % in the fused
 neuron kernels (fixed-point recurrences; throughput-bound, with the tile
 transposes), a tenth each in torch.exp for the surrogate gradient (MKL's
 ``vmsExp``) and in the synapse forward kernels, the rest in pooling, Adam, the
