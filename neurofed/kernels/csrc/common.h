@@ -44,6 +44,14 @@ typedef int32_t i32x8 __attribute__((vector_size(32)));
 typedef float f32x8 __attribute__((vector_size(32)));
 typedef float f32x4 __attribute__((vector_size(16)));
 typedef double f64x4 __attribute__((vector_size(32)));
+// f(i, n) over [b, e) in runs of n = 8 elements, then one run of the n < 8 left (the
+// loops pass it through a zero-padded vector, so one body serves both)
+template <typename F>
+static inline void in_eights(int64_t b, int64_t e, const F& f) {
+  int64_t i = b;
+  for (; i + 8 <= e; i += 8) f(i, (int64_t)8);
+  if (i < e) f(i, e - i);
+}
 
 // tile[t * V + j] = src[j * T + t] (rows j < nr, zero rows above), and back.
 // Pure data movement, through 16x16 in-register transposes.
@@ -77,25 +85,19 @@ static inline void store_tile(const float* tile, int64_t T, int64_t nr, float* d
 // sum |w|; false for inf/nan/denormal weights. Eight weights at a time in portable
 // vector code (a dense layer has millions of weights, checked on every forward): the
 // lowest set bit of a significand converts to float exactly (a power of two), so
-// its exponent field is the trailing-zero count plus 127. The sums of |w| are exact
-// in double wherever the bound of exact_weights holds, so their order is free.
-static inline int weight_k(uint32_t bits, bool* bad) {
-  const uint32_t e = (bits >> 23) & 0xffu, m = bits & 0x7fffffu;
-  if (e == 255u || (e == 0u && m != 0u)) *bad = true;
-  return e != 0u ? 150 - (int)__builtin_ctz(m | 0x800000u) - (int)e : 0;
-}
+// its exponent field is the trailing-zero count plus 127. Zero padding changes
+// nothing (a zero weight is on every grid), and the sums of |w| are exact in double
+// wherever the bound of exact_weights holds, so their order is free.
 static bool weight_grid(const float* w, int64_t Co, int64_t K, int* kmax_out, double* summax_out) {
   int kmax = 0;
   double summax = 0.0;
-  bool bad = false;
   for (int64_t co = 0; co < Co; ++co) {
     const float* row = w + co * K;
     i32x8 kv = {}, badv = {};
     f64x4 s0 = {}, s1 = {};
-    int64_t i = 0;
-    for (; i + 8 <= K; i += 8) {
-      i32x8 bits;
-      std::memcpy(&bits, row + i, 32);
+    in_eights(0, K, [&](int64_t i, int64_t n) {
+      i32x8 bits = {};
+      std::memcpy(&bits, row + i, 4 * n);
       const i32x8 e = (bits >> 23) & 0xff, m = bits & 0x7fffff;
       badv |= (e == 255) | ((e == 0) & (m != 0));
       const i32x8 x = m | 0x800000;
@@ -112,22 +114,14 @@ static bool weight_grid(const float* w, int64_t Co, int64_t K, int* kmax_out, do
       std::memcpy(&hi, (const char*)&a + 16, 16);
       s0 += __builtin_convertvector(lo, f64x4);
       s1 += __builtin_convertvector(hi, f64x4);
-    }
+    });
     int kc = 0;
     for (int j = 0; j < 8; ++j) {
+      if (badv[j]) return false;
       kc = std::max(kc, (int)kv[j]);
-      bad = bad || badv[j] != 0;
     }
-    double sum = (s0[0] + s0[1]) + (s0[2] + s0[3]) + (s1[0] + s1[1]) + (s1[2] + s1[3]);
-    for (; i < K; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, row + i, 4);
-      kc = std::max(kc, weight_k(bits, &bad));
-      sum += std::fabs((double)row[i]);
-    }
-    if (bad) return false;
     kmax = std::max(kmax, kc);
-    summax = std::max(summax, sum);
+    summax = std::max(summax, (s0[0] + s0[1]) + (s0[2] + s0[3]) + (s1[0] + s1[1]) + (s1[2] + s1[3]));
   }
   *kmax_out = kmax;
   *summax_out = summax;

@@ -25,30 +25,18 @@ std::vector<at::Tensor> quantize_fwd(at::Tensor w, double step, double lo, doubl
   int32_t* kp = keep.data_ptr<int32_t>();
   const float st = (float)step, l = (float)lo, h = (float)hi, sc = (float)scale;
   const bool descale = scale != 1.0;
-  auto lanes = [=](f32x8 x, f32x8* y, i32x8* k) {
-    const f32x8 q = round_even8(x / st) * st;
-    *k = (q >= l) & (q <= h);
-    const f32x8 c = q < l ? l : (q > h ? h : q);  // NaN: neither, so q
-    *y = descale ? c * sc : c;
-  };
+
   at::parallel_for(0, w.numel(), 65536, [&](int64_t b, int64_t e) {
-    int64_t i = b;
-    for (; i + 8 <= e; i += 8) {
-      f32x8 x, y;
-      i32x8 k;
-      std::memcpy(&x, src + i, 32);
-      lanes(x, &y, &k);
-      std::memcpy(dst + i, &y, 32);
-      std::memcpy(kp + i, &k, 32);
-    }
-    if (i < e) {  // the tail through a zero-padded vector
-      f32x8 x = {}, y;
-      i32x8 k;
-      std::memcpy(&x, src + i, 4 * (e - i));
-      lanes(x, &y, &k);
-      std::memcpy(dst + i, &y, 4 * (e - i));
-      std::memcpy(kp + i, &k, 4 * (e - i));
-    }
+    in_eights(b, e, [&](int64_t i, int64_t n) {
+      f32x8 x = {};
+      std::memcpy(&x, src + i, 4 * n);
+      const f32x8 q = round_even8(x / st) * st;
+      const i32x8 k = (q >= l) & (q <= h);
+      const f32x8 c = q < l ? l : (q > h ? h : q);  // NaN: neither, so q
+      const f32x8 y = descale ? c * sc : c;
+      std::memcpy(dst + i, &y, 4 * n);
+      std::memcpy(kp + i, &k, 4 * n);
+    });
   });
   return {out, keep};
 }
@@ -63,20 +51,15 @@ at::Tensor quantize_bwd(at::Tensor g, at::Tensor keep, double scale) {
   const float sc = (float)scale;
   const bool descale = scale != 1.0;
   at::parallel_for(0, g.numel(), 65536, [&](int64_t b, int64_t e) {
-    int64_t i = b;
-    for (; i + 8 <= e; i += 8) {
-      f32x8 x;
-      i32x8 k;
-      std::memcpy(&x, src + i, 32);
-      std::memcpy(&k, kp + i, 32);
+    in_eights(b, e, [&](int64_t i, int64_t n) {
+      f32x8 x = {};
+      i32x8 k = {};
+      std::memcpy(&x, src + i, 4 * n);
+      std::memcpy(&k, kp + i, 4 * n);
       if (descale) x = x * sc;
       const i32x8 y = (i32x8)x & k;
-      std::memcpy(dst + i, &y, 32);
-    }
-    for (; i < e; ++i) {
-      const float v = descale ? src[i] * sc : src[i];
-      dst[i] = kp[i] ? v : 0.f;
-    }
+      std::memcpy(dst + i, &y, 4 * n);
+    });
   });
   return out;
 }

@@ -179,17 +179,18 @@ at::Tensor vnni_conv_fwd(at::Tensor x, at::Tensor w, int64_t SH, int64_t SW, int
   c.wq = wq.data();
   c.scale = v16::set1_ps(std::ldexp(1.f, -k));
 
-
-  // output channel blocks of 16, then 8, 4, 2, 1; work items (block, n, ho) with the
-  // block outermost, so a thread's consecutive items reuse the block's weights from cache
-  std::vector<std::pair<int64_t, int>> blocks;
+  // output channel blocks, the largest that fit first: 16, 8, 4, 2, 1 with AVX-512,
+  // else 4, 2, 1 (pair_block's 16-bit sums in registers); work items (block, n, ho) with
+  // the block outermost, so a thread's consecutive items reuse the block's weights from cache
 #if defined(V16_AVX512)
-  constexpr int ob_max = 16;
+  constexpr int block_sizes[] = {16, 8, 4, 2, 1};
 #else
-  constexpr int ob_max = 4;  // pair_block's 16-bit sums in registers
+  constexpr int block_sizes[] = {4, 2, 1};
 #endif
+  std::vector<std::pair<int64_t, int>> blocks;
   for (int64_t co0 = 0; co0 < Co;) {
-    const int ob = Co - co0 >= ob_max ? ob_max : Co - co0 >= 8 && ob_max >= 8 ? 8 : Co - co0 >= 4 ? 4 : Co - co0 >= 2 ? 2 : 1;
+    const int ob = *std::find_if(std::begin(block_sizes), std::end(block_sizes),
+                                 [&](int size) { return Co - co0 >= size; });
     blocks.emplace_back(co0, ob);
     co0 += ob;
   }
