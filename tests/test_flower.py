@@ -839,7 +839,6 @@ def test_worker_drops_a_message_its_supernode_gave_up_and_serves_the_next_task(m
 
     monkeypatch.setattr(worker, "acquire", acquire)
     client = worker._client("dead-run-task")
-    client.dropped = worker.superseded
     pull = make_pull_object_fn_protobuf(client.PullObject, NodeProto(node_id=1), run_id=7)
     with pytest.raises(MessageDropped, match="run 7"):
         pull_objects(["arrays", "config", "message"], pull, initial_backoff=0.01, backoff_cap=0.01)

@@ -123,9 +123,12 @@ class Worker:
         # own invoker stops the process on a 401, which must not end a long-lived worker).
         retry = RetryInvoker(lambda: exponential(base_delay=0.2, max_delay=2), httpx.TransportError,
                              max_tries=None, max_time=30.0)
-        return client_class.from_server_address(server_address=self.address, insecure=self.insecure,
-                                                root_certificates=self.certificates, interceptors=interceptors,
-                                                retry_invoker=retry)
+        client = client_class.from_server_address(server_address=self.address, insecure=self.insecure,
+                                                  root_certificates=self.certificates, interceptors=interceptors,
+                                                  retry_invoker=retry)
+        if token is not None:  # a task's pull ends once its SuperNode gave the message up
+            client.dropped = self.superseded
+        return client
 
     def acquire(self) -> str | None:
         """Claim the SuperNode's oldest queued ClientApp task; its token, or None."""
@@ -161,7 +164,6 @@ class Worker:
 
     def run_task(self, token: str) -> None:
         client = self._client(token)
-        client.dropped = self.superseded
         beat = HeartbeatSender(lambda: self._heartbeat(client))
         beat.start()
         context, status, details = None, SubStatus.FAILED, "ClientApp task failed"
