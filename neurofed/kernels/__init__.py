@@ -67,11 +67,21 @@ about 30 % in the fused
 neuron kernels (fixed-point recurrences; throughput-bound, with the tile
 transposes), a tenth each in torch.exp for the surrogate gradient (MKL's
 ``vmsExp``) and in the synapse forward kernels, the rest in pooling, Adam, the
-loss and Python. Tried and dropped, each measured slower or
+loss and Python. On AVX2 (AMD EPYC Zen 3, sampled with py-spy and perf):
+42 % in the convolution backward, of which oneDNN's im2col for its gemm-based weight
+gradient alone is 12 %; 13 % in the neuron forward, 8 % in ``vmsExp``, about 8 % in
+the interpreter. Tried and dropped, each measured slower or
 no faster with the same bits: a lookup table for the surrogate derivative (it is a
 function of the integer voltage, but voltages range too widely below threshold for
 a cache-resident table, and the gather costs what exp does: 250k integer voltages
-per 520k neurons x steps in the digits CNN's first layer); ``vmsExp`` called
+per 520k neurons x steps in the digits CNN's first layer; tried again as a table per
+neuron's constants kept across steps and grown on demand: in the benchmark's
+training the voltages' span grew from 136k to 228k integers within 100 steps (to
+570k at batch 1), and even an L1-resident table's gather, one load per neuron-step,
+cost 0.35 ms against exp's 0.5 ms for 524k values: a step gained about 1 %); an
+FMA-corrected reciprocal instead of the surrogate argument's division (the
+division is 0.1 ms of a 10 ms step on AVX2, measured with a multiply in its place,
+too little to carry a correct-rounding proof per tau); ``vmsExp`` called
 inside the backward kernel on blocks of rows (MKL's per-call cost outweighs the
 saved pass); the spike-driven kernel for
 inputs above ~15 % activity and for small fan-ins (oneDNN, and below fan-in 64 the
