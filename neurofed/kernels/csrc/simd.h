@@ -41,14 +41,6 @@ constexpr int REGS = 32;  // 32 zmm
 
 // ---- lanes <-> bit masks
 static inline mask first_lanes(int64_t m) { return m >= 16 ? (mask)0xffff : (mask)((1u << m) - 1u); }
-
-// bit i of the mask = lane i of c is nonzero (c holds 0 or -1 per lane)
-static inline mask to_mask(vi32 c) {
-  return _mm512_movepi32_mask((__m512i)c);
-}
-static inline vi32 from_mask(mask m) {  // lane i = -1 if bit i is set, else 0
-  return (vi32)_mm512_movm_epi32(m);
-}
 static inline int64_t bits_per_word(mask m) { return __builtin_popcount(m); }
 
 // ---- construction, loads, stores
