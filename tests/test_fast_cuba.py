@@ -36,10 +36,11 @@ def needs(kernel: str):
     return pytest.mark.skipif(kernel not in KERNELS, reason=f"{kernel} is not in the {VARIANT} build")
 
 
-@pytest.fixture(params=kernels.runnable_variants())
+@pytest.fixture(params=kernels.runnable_variants() + variants.emulated_variants())
 def variant_ext(request, monkeypatch):
-    """Every instruction-set variant this CPU runs (built once, cached): the test runs
-    with that build in place of the default one."""
+    """Every instruction-set variant this CPU runs, and the AVX-512 ones it cannot run
+    with their intrinsics emulated (built once, cached): the test runs with that build
+    in place of the default one."""
     ext = kernels.build_variant(request.param)
     monkeypatch.setattr(ops, "ext", ext)
     return ext
@@ -273,6 +274,20 @@ def test_each_variant_runs_exactly_the_kernels_it_lists(kernel, variant_ext):
     # valid input, one left out declines (the caller falls back to the stock call)
     listed = kernel in variant_ext.kernels()
     assert (_optional_kernel_call(kernel, variant_ext) is not None) == listed
+
+
+def test_every_avx512_variant_is_tested_here_natively_or_emulated():
+    # an x86-64 CPU without AVX-512 still runs the AVX-512 source (its intrinsics
+    # emulated by SIMDe): each AVX-512 variant is in this run's variant_ext list, and
+    # an emulated build compiled the AVX-512 half of simd.h (32 zmm-sized registers)
+    if not set(kernels.runnable_variants()) & {"x86-64-v2", "x86-64-v3"}:
+        pytest.skip("not an x86-64 CPU with the psABI levels")
+    tested = set(kernels.runnable_variants())
+    for name in variants.emulated_variants():
+        assert kernels.build_variant(name).regs() == 32, name
+        tested.add(variants.EMULATED[name][0])
+    assert {"x86-64-v4", "x86-64-v4+vnni"} <= tested
+    assert kernels.build_variant("generic").regs() < 32  # the two-halves form
 
 
 def test_hooks_on_neurons_still_run():
@@ -521,6 +536,7 @@ def test_every_patch_point_names_tests_that_exist_here():
 @pytest.mark.parametrize("variant, cxx, machine", [
     ("x86-64-v4+vnni", "g++", "x86-64"),  # AVX-512 + VNNI: compiles on any x86-64 machine, runs only there
     ("generic", "aarch64-linux-gnu-g++", "aarch64"),  # Debian's g++-aarch64-linux-gnu
+    ("x86-64-v4+vnni-simde", "aarch64-linux-gnu-g++", "aarch64"),  # the AVX-512 source, emulated on NEON
 ])
 def test_kernels_compile_for_other_cpus(variant, cxx, machine):
     import shutil

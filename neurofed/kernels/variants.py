@@ -30,6 +30,14 @@ VARIANTS = {
     "x86-64-v4": ["-march=x86-64-v4", "-mprefer-vector-width=512"],
     "x86-64-v4+vnni": ["-march=x86-64-v4", "-mavx512vnni", "-mprefer-vector-width=512"],
 }
+# Test variants: the AVX-512 half of csrc/simd.h built for a CPU without AVX-512, its
+# intrinsics emulated by SIMDe (the dev extra cmeel-simde, or Debian's libsimde-dev), so
+# the tests check that source against stock SLAYER on any machine (slower than generic;
+# never a default). Each stands in for the native variant it names.
+EMULATED = {
+    "x86-64-v4-simde": ("x86-64-v4", ["-DV16_SIMDE_AVX512", "-Wno-psabi"]),
+    "x86-64-v4+vnni-simde": ("x86-64-v4+vnni", ["-DV16_SIMDE_AVX512", "-DV16_SIMDE_AVX512VNNI", "-Wno-psabi"]),
+}
 # /proc/cpuinfo flags each x86-64 variant adds to the one before (gcc's definition of the levels)
 _X86_LEVELS = [
     ("x86-64-v2", {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"}),
@@ -63,6 +71,41 @@ def runnable_variants() -> list[str]:
     return out
 
 
+def emulated_variants() -> list[str]:
+    """The emulated AVX-512 variants to test here: those whose native variant this CPU
+    cannot run."""
+    runnable = runnable_variants()
+    return [name for name, (native, _) in EMULATED.items() if native not in runnable]
+
+
+def _simde_include() -> list[str]:
+    """The include flag for SIMDe's headers: the cmeel-simde wheel's, else none (a
+    system copy, /usr/include/simde); raises if neither is installed."""
+    from importlib import metadata
+
+    try:
+        root = metadata.distribution("cmeel-simde").locate_file("cmeel.prefix/include")
+        if (Path(root) / "simde").is_dir():
+            return [f"-I{root}"]
+    except metadata.PackageNotFoundError:
+        pass
+    if Path("/usr/include/simde").is_dir():
+        return []
+    raise RuntimeError("the emulated AVX-512 variants need SIMDe's headers: pip install cmeel-simde "
+                       "(neurofed's dev extra) or apt-get install libsimde-dev")
+
+
+def _flags(name: str) -> list[str]:
+    if name in EMULATED:
+        return CFLAGS + EMULATED[name][1] + _simde_include()
+    return CFLAGS + VARIANTS[name]
+
+
+def _check_name(name: str, caller: str) -> None:
+    if name not in VARIANTS and name not in EMULATED:
+        raise ValueError(f"kernels.{caller}: variant={name!r}; allowed: {', '.join([*VARIANTS, *EMULATED])}")
+
+
 def default_variant() -> str:
     """``NEUROFED_KERNELS`` if set, else the highest variant this CPU runs."""
     forced = os.environ.get("NEUROFED_KERNELS")
@@ -77,15 +120,15 @@ def _module_name(name: str) -> str:
     h = hashlib.sha1()
     for path in sorted(CSRC.iterdir()):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    h.update(" ".join(CFLAGS + VARIANTS[name] + [torch.__version__]).encode())
+    h.update(" ".join(_flags(name) + [torch.__version__]).encode())
     return f"neurofed_kernels_{name.replace('-', '').replace('+', '_')}_{h.hexdigest()[:12]}"
 
 
 def build_variant(name: str, verbose: bool = False):
     """Compile (or load the cached) extension of one variant; raises if it cannot be
-    built. A variant the CPU cannot run may be built (to check it compiles), not called."""
-    if name not in VARIANTS:
-        raise ValueError(f"kernels.build_variant: variant={name!r}; allowed: {', '.join(VARIANTS)}")
+    built. A variant the CPU cannot run may be built (to check it compiles), not called;
+    an emulated one (:data:`EMULATED`) runs anywhere."""
+    _check_name(name, "build_variant")
     with _lock:
         if name not in _built:
             from torch.utils.cpp_extension import load
@@ -95,7 +138,7 @@ def build_variant(name: str, verbose: bool = False):
                                                                       "ext")
             folder = os.path.join(root, module)
             os.makedirs(folder, exist_ok=True)
-            _built[name] = load(name=module, sources=[str(CSRC / "module.cpp")], extra_cflags=CFLAGS + VARIANTS[name],
+            _built[name] = load(name=module, sources=[str(CSRC / "module.cpp")], extra_cflags=_flags(name),
                                 extra_include_paths=[str(CSRC)], extra_ldflags=["-fopenmp"], build_directory=folder,
                                 verbose=verbose)
         return _built[name]
@@ -111,12 +154,11 @@ def compile_check(name: str, cxx: str = "g++", out_dir: str | None = None) -> st
 
     from torch.utils.cpp_extension import include_paths
 
-    if name not in VARIANTS:
-        raise ValueError(f"kernels.compile_check: variant={name!r}; allowed: {', '.join(VARIANTS)}")
+    _check_name(name, "compile_check")
     out = os.path.join(out_dir or tempfile.mkdtemp(prefix="neurofed-kernels-"), f"kernels-{name}.o")
     source = "".join(f'#include "{h}"\n' for h in ("neuron.h", "synapse.h", "vnni.h", "pool.h"))
     cmd = [cxx, "-std=c++17", "-x", "c++", "-", "-c", "-o", out, f"-I{CSRC}", *(f"-I{p}" for p in include_paths()),
-           *CFLAGS, *VARIANTS[name]]
+           *_flags(name)]
     subprocess.run(cmd, input=source, text=True, check=True, capture_output=True)
     return out
 

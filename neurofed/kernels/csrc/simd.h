@@ -17,10 +17,19 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
+// V16_SIMDE_AVX512 (tests only, on a CPU without AVX-512): the AVX-512 half below,
+// its intrinsics emulated lane by lane by SIMDe (github.com/simd-everywhere/simde), so
+// its source is checked against stock SLAYER on any CPU. V16_SIMDE_AVX512VNNI adds
+// vpdpbusd. Emulation gives each intrinsic's documented result; speed is not its aim.
+#if defined(V16_SIMDE_AVX512) && !defined(__AVX512F__)
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#define V16_EMULATED 1
+#endif
 
 namespace v16 {
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(V16_EMULATED)
 // ---- AVX-512: a 16-lane vector is one zmm register (64-byte vector extensions)
 #define V16_AVX512 1
 
@@ -45,7 +54,9 @@ static inline int64_t bits_per_word(mask m) { return __builtin_popcount(m); }
 
 // ---- construction, loads, stores
 static inline vf setzero_ps() { return vf{}; }
-static inline vf set1_ps(float x) { return vf{} + x; }
+// x in every lane, as a list: "vf{} + x" is a float add GCC may not drop (0 + -0 is +0),
+// one vaddss per broadcast in the time-lane kernels' inner loops
+static inline vf set1_ps(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 static inline vi setzero_si512() { return vi{}; }
 static inline vi set1_epi32(int32_t x) { return (vi)(vi32{} + x); }
 static inline vi set1_epi64(int64_t x) { return vi{} + x; }
@@ -61,11 +72,23 @@ static inline vf8 loadu_ps8(const float* p) { vf8 r; std::memcpy(&r, p, 32); ret
 
 // lanes of m from p, 0 elsewhere; lanes outside m are not read
 static inline vf maskz_loadu_ps(mask m, const float* p) {
+#if defined(V16_EMULATED)  // SIMDe loads all 16 lanes: Intel's definition, lane by lane
+  vf r{};
+  for (int i = 0; i < 16; ++i)
+    if (m >> i & 1) r[i] = p[i];
+  return r;
+#else
   return _mm512_maskz_loadu_ps(m, p);
+#endif
 }
 // lanes of m to p; lanes outside m are not written
 static inline void mask_storeu_ps(float* p, mask m, vf a) {
+#if defined(V16_EMULATED)  // SIMDe stores all 16 lanes (zeros outside m): Intel's definition
+  for (int i = 0; i < 16; ++i)
+    if (m >> i & 1) p[i] = a[i];
+#else
   _mm512_mask_storeu_ps(p, m, a);
+#endif
 }
 
 // ---- float arithmetic (IEEE, lane by lane: the same results on every target)
@@ -138,22 +161,31 @@ static inline vf cvtepi32_ps(vi a) { return __builtin_convertvector((vi32)a, vf)
 static inline vi add_epi64(vi a, vi b) { return a + b; }
 static inline vi mullo_epi64(vi a, vi b) { return a * b; }
 static inline vi srai_epi64(vi a, int s) { return a >> s; }
-static inline vi cvttps_epi64(vf8 a) { return __builtin_convertvector(a, vi); }
+// truncation, as the C cast. The intrinsic where it runs natively: GCC splits the
+// portable form into 4-lane conversions; with it and cmp_ps8_ge on ymm, the int64-lane
+// neuron step went 73.7 -> 61.1 cycles per iteration (llvm-mca, Ice Lake)
+static inline vi cvttps_epi64(vf8 a) {
+#if defined(V16_EMULATED)  // SIMDe has no vcvttps2qq
+  return __builtin_convertvector(a, vi);
+#else
+  return (vi)_mm512_cvttps_epi64((__m256)a);
+#endif
+}
 static inline vf8 cvtepi64_ps(vi a) { return __builtin_convertvector(a, vf8); }
 static inline vd cvtps_pd(vf8 a) { return __builtin_convertvector(a, vd); }
 static inline vf8 castps512_ps256(vf a) { union { vf v; vf8 h[2]; } u = {a}; return u.h[0]; }
 static inline vf8 extractf32x8_hi(vf a) { union { vf v; vf8 h[2]; } u = {a}; return u.h[1]; }
 static inline vf join8(vf8 lo, vf8 hi) { union { vf8 h[2]; vf v; } u = {{lo, hi}}; return u.v; }
 // lanes of m (8 int64 lanes) set to 0
-static inline vi maskz_clear_epi64(vi a, mask8 m) { return (vi)_mm512_maskz_mov_epi64((__mmask8)~m, (__m512i)a); }
-static inline mask8 cmp_ps8_ge(vf8 a, vf8 b) { return (mask8)cmp_ps_mask(join8(a, a), join8(b, b), GE_OQ); }
+static inline vi maskz_clear_epi64(vi a, mask8 m) { return (vi)_mm512_maskz_mov_epi64((mask8)~m, (__m512i)a); }
+static inline mask8 cmp_ps8_ge(vf8 a, vf8 b) { return _mm256_cmp_ps_mask((__m256)a, (__m256)b, _CMP_GE_OQ); }
 
 // ---- 8-bit integer dot products (vpdpbusd): acc + sum over the 4 bytes k of each 32-bit
 // lane of u8(a.byte k) * s8(b.byte k). The AVX2 and portable forms give vpdpbusd's
 // result while a0 * b0 + a1 * b1 of each byte pair stays in int16 (vpmaddubsw saturates
 // there): always true for the 0/1 bytes the 8-bit kernel feeds as a.
 static inline vi dpbusd_epi32(vi acc, vi a, vi b) {
-#if defined(__AVX512VNNI__)
+#if defined(__AVX512VNNI__) || (defined(V16_EMULATED) && defined(V16_SIMDE_AVX512VNNI))
   return (vi)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)a, (__m512i)b);
 #else
   const vi32 x = (vi32)a, y = (vi32)b;
@@ -170,7 +202,14 @@ static inline void mask_store_epi8_from_epi32(int8_t* p, mask m, vi a) {
 }
 // p[idx[i] * 4 bytes] for the lanes of m, 0 elsewhere (a gather)
 static inline vf mask_i32gather_ps(mask m, vi idx, const float* p) {
+#if defined(V16_EMULATED)  // SIMDe has no masked gather: Intel's definition
+  vf r{};
+  for (int i = 0; i < 16; ++i)
+    if (m >> i & 1) r[i] = p[((vi32)idx)[i]];
+  return r;
+#else
   return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, (__m512i)idx, p, 4);
+#endif
 }
 
 static inline vi lane_index_times(int32_t k) {  // lane i = i * k (int32)
@@ -179,12 +218,18 @@ static inline vi lane_index_times(int32_t k) {  // lane i = i * k (int32)
 
 // ---- reductions, rounding
 // the sum in _mm512_reduce_add_ps's order (halves, then quarters, then pairs), so
-// every target rounds it the same way
+// every target rounds it the same way. The intrinsic itself: GCC lowers the lane-indexed
+// form through memory (llvm-mca, Ice Lake: a time-lane weight-gradient flush of 24 sums
+// 343 against 156 cycles)
 static inline float reduce_add_ps(vf a) {
+#if defined(V16_EMULATED)  // SIMDe has no reduce_add_ps: GCC's definition of it
   float h[8], q[4];
   for (int i = 0; i < 8; ++i) h[i] = a[8 + i] + a[i];
   for (int i = 0; i < 4; ++i) q[i] = h[4 + i] + h[i];
   return (q[0] + q[2]) + (q[1] + q[3]);
+#else
+  return _mm512_reduce_add_ps(a);
+#endif
 }
 static inline float reduce_max_ps(vf a) {
   float m = a[0];
@@ -269,7 +314,7 @@ static inline i8v from_mask8(unsigned m) {  // lane i = -1 if bit i is set
 static inline mask to_mask(i8v lo, i8v hi) { return (mask)(to_mask8(lo) | (to_mask8(hi) << 8)); }
 
 static inline vf setzero_ps() { return vf{}; }
-static inline vf set1_ps(float x) { const f8 v = f8{} + x; return vf{{v, v}}; }
+static inline vf set1_ps(float x) { const f8 v = {x, x, x, x, x, x, x, x}; return vf{{v, v}}; }  // as AVX-512's
 static inline vi setzero_si512() { return vi{}; }
 static inline vi set1_epi32(int32_t x) { const l4 v = L(i8v{} + x); return vi{{v, v}}; }
 static inline vi set1_epi64(int64_t x) { const l4 v = l4{} + x; return vi{{v, v}}; }
