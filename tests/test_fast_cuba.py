@@ -290,6 +290,23 @@ def test_every_avx512_variant_is_tested_here_natively_or_emulated():
     assert kernels.build_variant("generic").regs() < 32  # the two-halves form
 
 
+def test_kernels_leave_the_x87_state_as_they_found_it(variant_ext):
+    # code that leaves MMX state behind (no emms) turns later long double arithmetic in
+    # the process into NaN: an emulated build once did (GCC spilled to MMX registers),
+    # and numpy's SVD in a later test failed. One thread: the kernels run on this one.
+    import numpy as np
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        neuron_case(NEURON, torch.randn(4, 6, 9, 20) * 2, fast=True)
+        cuba().Conv(NEURON, 3, 5, 3, padding=1)(spikes(2, 3, 6, 6, 20)).sum().backward()
+    finally:
+        torch.set_num_threads(threads)
+    with np.errstate(all="raise"):
+        assert np.ldexp(np.longdouble(1), 128) == np.longdouble(2) ** 128
+
+
 def test_hooks_on_neurons_still_run():
     # the fused block path bypasses neuron.__call__, so it must step aside for hooks
     seen = {}

@@ -38,6 +38,10 @@ EMULATED = {
     "x86-64-v4-simde": ("x86-64-v4", ["-DV16_SIMDE_AVX512", "-Wno-psabi"]),
     "x86-64-v4+vnni-simde": ("x86-64-v4+vnni", ["-DV16_SIMDE_AVX512", "-DV16_SIMDE_AVX512VNNI", "-Wno-psabi"]),
 }
+# On x86 without AVX, GCC spilled the emulation's 8-byte vector pieces to MMX registers
+# (no emms after them): long double arithmetic later in the process returned NaN
+# (numpy's SVD in another test). No MMX in an emulated build.
+_X86_EMULATED = ["-mno-mmx"]
 # /proc/cpuinfo flags each x86-64 variant adds to the one before (gcc's definition of the levels)
 _X86_LEVELS = [
     ("x86-64-v2", {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"}),
@@ -95,9 +99,12 @@ def _simde_include() -> list[str]:
                        "(neurofed's dev extra) or apt-get install libsimde-dev")
 
 
-def _flags(name: str) -> list[str]:
+def _flags(name: str, x86: bool | None = None) -> list[str]:
+    """The compiler flags of a variant (``x86``: the target is x86; default: this machine)."""
     if name in EMULATED:
-        return CFLAGS + EMULATED[name][1] + _simde_include()
+        if x86 is None:
+            x86 = platform.machine() in ("x86_64", "AMD64")
+        return CFLAGS + EMULATED[name][1] + (_X86_EMULATED if x86 else []) + _simde_include()
     return CFLAGS + VARIANTS[name]
 
 
@@ -158,7 +165,8 @@ def compile_check(name: str, cxx: str = "g++", out_dir: str | None = None) -> st
     out = os.path.join(out_dir or tempfile.mkdtemp(prefix="neurofed-kernels-"), f"kernels-{name}.o")
     source = "".join(f'#include "{h}"\n' for h in ("neuron.h", "synapse.h", "vnni.h", "pool.h"))
     cmd = [cxx, "-std=c++17", "-x", "c++", "-", "-c", "-o", out, f"-I{CSRC}", *(f"-I{p}" for p in include_paths()),
-           *_flags(name)]
+           *_flags(name, x86=subprocess.run([cxx, "-dumpmachine"], capture_output=True, text=True,
+                                             check=True).stdout.startswith(("x86_64", "i686")))]
     subprocess.run(cmd, input=source, text=True, check=True, capture_output=True)
     return out
 
