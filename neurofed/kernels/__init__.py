@@ -106,8 +106,9 @@ masked selects (int32 neuron step 55.2 -> 41.9 cycles per iteration; old 39.8),
 ``reduce_add_ps`` (time-lane weight-gradient flush 343 -> 156; old 156), the
 int64 conversion and compare (int64 neuron step 73.7 -> 61.1; old 71.2); a float
 broadcast written as ``0 + x`` cost an add per weight in the time-lane loops
-(every target). The other kernels' inner loops match the old ones instruction for
-instruction. These are model figures; no AVX-512 timing was taken.
+(every target). The other kernels' hot inner loops match the old ones within half a
+cycle per iteration (``cuba_bwd``'s carries one more conversion, from the tile layout
+of the surrogate argument). These are model figures; no AVX-512 timing was taken.
 
 Fast gradients (opt-in: ``enable(gradients="fast")``, config ``federation.fast_gradients``)
 -------------------------------------------------------------------------------------------

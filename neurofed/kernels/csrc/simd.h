@@ -18,7 +18,7 @@
 #include <immintrin.h>
 #endif
 // V16_SIMDE_AVX512 (tests only, on a CPU without AVX-512): the AVX-512 half below,
-// its intrinsics emulated lane by lane by SIMDe (github.com/simd-everywhere/simde), so
+// its intrinsics emulated by SIMDe (github.com/simd-everywhere/simde, on SSE2 or NEON), so
 // its source is checked against stock SLAYER on any CPU. V16_SIMDE_AVX512VNNI adds
 // vpdpbusd. Emulation gives each intrinsic's documented result; speed is not its aim.
 #if defined(V16_SIMDE_AVX512) && !defined(__AVX512F__)
