@@ -107,8 +107,9 @@ masked selects (int32 neuron step 55.2 -> 41.9 cycles per iteration; old 39.8),
 int64 conversion and compare (int64 neuron step 73.7 -> 61.1; old 71.2); a float
 broadcast written as ``0 + x`` cost an add per weight in the time-lane loops
 (every target). The other kernels' hot inner loops match the old ones within half a
-cycle per iteration (``cuba_bwd``'s carries one more conversion, from the tile layout
-of the surrogate argument). These are model figures; no AVX-512 timing was taken.
+cycle per iteration, except ``spike_weight_grad``'s accumulate loop (the same 18 adds,
+13.1 against 11.8 cycles) and ``cuba_bwd``'s (one more conversion, from the tile
+layout of the surrogate argument). These are model figures; no AVX-512 timing was taken.
 
 Fast gradients (opt-in: ``enable(gradients="fast")``, config ``federation.fast_gradients``)
 -------------------------------------------------------------------------------------------
