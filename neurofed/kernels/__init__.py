@@ -21,8 +21,8 @@ prove it bit-identical, in :data:`neurofed.kernels.patches.PATCHES`. The package
   on a CPU without AVX-512 also the AVX-512 variants with their intrinsics emulated
   by SIMDe (``variants.EMULATED``), which the tests check against stock SLAYER like
   the native builds (SIMDe stores and loads every lane of a masked store or load, and
-  has no masked gather, ``reduce_add_ps`` or ``vcvttps2qq``: the emulated build of
-  ``simd.h`` writes those five from their definitions);
+  has no masked gather, ``reduce_add_ps`` or ``vcvttps2qq``: ``csrc/avx512_emulated.h``
+  supplies those five by their definitions);
 * :mod:`~neurofed.kernels.ops` the autograd functions calling the kernels;
 * :mod:`~neurofed.kernels.patches` the patch points and :func:`enable` / :func:`disable`.
 

@@ -25,7 +25,6 @@ std::vector<at::Tensor> quantize_fwd(at::Tensor w, double step, double lo, doubl
   int32_t* kp = keep.data_ptr<int32_t>();
   const float st = (float)step, l = (float)lo, h = (float)hi, sc = (float)scale;
   const bool descale = scale != 1.0;
-
   at::parallel_for(0, w.numel(), 65536, [&](int64_t b, int64_t e) {
     in_eights(b, e, [&](int64_t i, int64_t n) {
       f32x8 x = {};

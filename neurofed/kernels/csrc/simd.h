@@ -17,13 +17,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
-// V16_SIMDE_AVX512 (tests only, on a CPU without AVX-512): the AVX-512 half below,
-// its intrinsics emulated by SIMDe (github.com/simd-everywhere/simde, on SSE2 or NEON), so
-// its source is checked against stock SLAYER on any CPU. V16_SIMDE_AVX512VNNI adds
-// vpdpbusd. Emulation gives each intrinsic's documented result; speed is not its aim.
 #if defined(V16_SIMDE_AVX512) && !defined(__AVX512F__)
-#define SIMDE_ENABLE_NATIVE_ALIASES
-#include <simde/x86/avx512.h>
+#include "avx512_emulated.h"  // tests only: the AVX-512 half on any CPU
 #define V16_EMULATED 1
 #endif
 
@@ -72,23 +67,11 @@ static inline vf8 loadu_ps8(const float* p) { vf8 r; std::memcpy(&r, p, 32); ret
 
 // lanes of m from p, 0 elsewhere; lanes outside m are not read
 static inline vf maskz_loadu_ps(mask m, const float* p) {
-#if defined(V16_EMULATED)  // SIMDe loads all 16 lanes: Intel's definition, lane by lane
-  vf r{};
-  for (int i = 0; i < 16; ++i)
-    if (m >> i & 1) r[i] = p[i];
-  return r;
-#else
   return _mm512_maskz_loadu_ps(m, p);
-#endif
 }
 // lanes of m to p; lanes outside m are not written
 static inline void mask_storeu_ps(float* p, mask m, vf a) {
-#if defined(V16_EMULATED)  // SIMDe stores all 16 lanes (zeros outside m): Intel's definition
-  for (int i = 0; i < 16; ++i)
-    if (m >> i & 1) p[i] = a[i];
-#else
   _mm512_mask_storeu_ps(p, m, a);
-#endif
 }
 
 // ---- float arithmetic (IEEE, lane by lane: the same results on every target)
@@ -164,13 +147,7 @@ static inline vi srai_epi64(vi a, int s) { return a >> s; }
 // truncation, as the C cast. The intrinsic where it runs natively: GCC splits the
 // portable form into 4-lane conversions; with it and cmp_ps8_ge on ymm, the int64-lane
 // neuron step went 73.7 -> 61.1 cycles per iteration (llvm-mca, Ice Lake)
-static inline vi cvttps_epi64(vf8 a) {
-#if defined(V16_EMULATED)  // SIMDe has no vcvttps2qq
-  return __builtin_convertvector(a, vi);
-#else
-  return (vi)_mm512_cvttps_epi64((__m256)a);
-#endif
-}
+static inline vi cvttps_epi64(vf8 a) { return (vi)_mm512_cvttps_epi64((__m256)a); }
 static inline vf8 cvtepi64_ps(vi a) { return __builtin_convertvector(a, vf8); }
 static inline vd cvtps_pd(vf8 a) { return __builtin_convertvector(a, vd); }
 static inline vf8 castps512_ps256(vf a) { union { vf v; vf8 h[2]; } u = {a}; return u.h[0]; }
@@ -202,14 +179,7 @@ static inline void mask_store_epi8_from_epi32(int8_t* p, mask m, vi a) {
 }
 // p[idx[i] * 4 bytes] for the lanes of m, 0 elsewhere (a gather)
 static inline vf mask_i32gather_ps(mask m, vi idx, const float* p) {
-#if defined(V16_EMULATED)  // SIMDe has no masked gather: Intel's definition
-  vf r{};
-  for (int i = 0; i < 16; ++i)
-    if (m >> i & 1) r[i] = p[((vi32)idx)[i]];
-  return r;
-#else
   return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, (__m512i)idx, p, 4);
-#endif
 }
 
 static inline vi lane_index_times(int32_t k) {  // lane i = i * k (int32)
@@ -221,16 +191,7 @@ static inline vi lane_index_times(int32_t k) {  // lane i = i * k (int32)
 // every target rounds it the same way. The intrinsic itself: GCC lowers the lane-indexed
 // form through memory (llvm-mca, Ice Lake: a time-lane weight-gradient flush of 24 sums
 // 343 against 156 cycles)
-static inline float reduce_add_ps(vf a) {
-#if defined(V16_EMULATED)  // SIMDe has no reduce_add_ps: GCC's definition of it
-  float h[8], q[4];
-  for (int i = 0; i < 8; ++i) h[i] = a[8 + i] + a[i];
-  for (int i = 0; i < 4; ++i) q[i] = h[4 + i] + h[i];
-  return (q[0] + q[2]) + (q[1] + q[3]);
-#else
-  return _mm512_reduce_add_ps(a);
-#endif
-}
+static inline float reduce_add_ps(vf a) { return _mm512_reduce_add_ps(a); }
 static inline float reduce_max_ps(vf a) {
   float m = a[0];
   for (int i = 1; i < 16; ++i) m = a[i] > m ? a[i] : m;
