@@ -82,7 +82,9 @@ CORE_DEFAULTS: dict[str, Any] = {
         "target_accuracy": None,
         "logit_scale": 1.0,
         "threads": None,
-        "fast_kernels": True,  # neurofed.kernels: bit-exact fused CPU CUBA kernels
+        # neurofed.kernels: bit-exact fused CPU CUBA kernels. auto: stock SLAYER (one warning line) if
+        # they cannot be loaded, except in a Flower app; true: a run fails without them; false: stock
+        "fast_kernels": "auto",
         # with fast_kernels: same spikes, gradients equal to SLAYER's up to float32 rounding
         # (spike-driven weight gradients, inline surrogate exp); see neurofed.kernels "Fast gradients"
         "fast_gradients": False,
@@ -185,6 +187,10 @@ def boolean(v):
     return None if isinstance(v, bool) else "expected true or false"
 
 
+def _auto_or_boolean(v):
+    return None if v == "auto" or isinstance(v, bool) else "allowed: auto, true, false"
+
+
 def optional_str(v):
     return None if v is None or isinstance(v, str) else "expected a path or null"
 
@@ -231,7 +237,7 @@ def _core_checks() -> dict[str, Check]:
         "federation.target_accuracy": number(0, 1, nullable=True),
         "federation.logit_scale": number(0, lo_open=True),
         "federation.threads": number(1, integer=True, nullable=True),
-        "federation.fast_kernels": boolean,
+        "federation.fast_kernels": _auto_or_boolean,
         "federation.fast_gradients": boolean,
         "federation.device": check_device,
         "export": boolean,

@@ -76,28 +76,32 @@ class RoundTraining:
     time_aggregate_s: float
 
 
-def configure_compute(cfg: dict) -> None:
+def configure_compute(cfg: dict, kernels_required: bool = False) -> dict:
     """This process's torch threads and fast kernels as ``federation`` says (the in-process
-    runner and every Flower ClientApp: the same bits)."""
+    runner and every Flower ClientApp: the same bits); returns the kernels' record for the
+    summary (:func:`neurofed.kernels.configure`; ``kernels_required``: ``auto`` must load them)."""
     threads = cfg["federation"].get("threads")
     if threads:
         torch.set_num_threads(int(threads))
-    if cfg["federation"].get("fast_kernels", True):
-        from neurofed import kernels
+    from neurofed import kernels
 
-        # same spikes as stock SLAYER, faster on CPU; gradients bit-identical unless
-        # fast_gradients (then equal up to float32 rounding)
-        kernels.enable(gradients="fast" if cfg["federation"].get("fast_gradients") else "exact")
+    # same spikes as stock SLAYER, faster on CPU; gradients bit-identical unless
+    # fast_gradients (then equal up to float32 rounding)
+    return kernels.configure(cfg["federation"].get("fast_kernels", "auto"),
+                             gradients="fast" if cfg["federation"].get("fast_gradients") else "exact",
+                             required=kernels_required)
 
 
 class Experiment:
     """Everything one run needs, built from a validated config."""
 
+    kernels_required = False  # fast_kernels: auto falls back to stock SLAYER here (one warning line)
+
     def __init__(self, cfg: dict):
         self.cfg = cfg
         # local training and the global evaluation run here; everything else stays on the CPU
         self.device = resolve_device(cfg["federation"].get("device", "auto"))
-        configure_compute(cfg)
+        self.kernels = configure_compute(cfg, self.kernels_required)
         self.dataset, self.parts = load_partitioned(cfg)
         ds = self.dataset
         self.counts = label_counts(ds.y_train, self.parts, ds.num_classes)
@@ -301,6 +305,7 @@ def _comparable(cfg: dict) -> dict:
     c = json.loads(json.dumps(cfg))
     c["federation"].pop("rounds", None)
     c["federation"].pop("device", None)  # a run may resume on another machine's device
+    c["federation"].pop("fast_kernels", None)  # same bits with or without (fast_gradients is compared)
     for section in ("export", "lava", "energy"):
         c.pop(section, None)
     return c
@@ -423,6 +428,7 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     summary["privacy"] = accountant.summary()
     summary["models_kept"] = {"last": MODEL_LAST, "best": MODEL_BEST}
     summary["device"] = device
+    summary["kernels"] = exp.kernels  # the fast-kernel variant this process (the server's) loaded
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2).encode())
     from neurofed.plots import plot_accuracy, write_class_coverage
 

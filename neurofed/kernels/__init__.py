@@ -176,11 +176,12 @@ change thread settings.
 
 from neurofed.kernels.variants import (VARIANTS, build, build_variant, default_variant, is_available,
                                     runnable_variants)
-from neurofed.kernels.patches import (GRADIENTS, PATCHES, disable, enable, enabled, gradients, is_enabled,
-                                      tune_malloc)
+from neurofed.kernels.patches import (GRADIENTS, PATCHES, configure, disable, enable, enabled, gradients,
+                                      is_enabled, tune_malloc)
 
-__all__ = ["build", "build_variant", "variant", "runnable_variants", "default_variant", "VARIANTS", "enable",
-           "disable", "enabled", "is_enabled", "is_available", "tune_malloc", "gradients", "GRADIENTS", "PATCHES"]
+__all__ = ["build", "build_variant", "variant", "runnable_variants", "default_variant", "VARIANTS", "configure",
+           "enable", "disable", "enabled", "is_enabled", "is_available", "tune_malloc", "gradients", "GRADIENTS",
+           "PATCHES"]
 
 
 def variant() -> str | None:

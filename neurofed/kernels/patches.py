@@ -395,6 +395,24 @@ def enable(verbose: bool = False, malloc: bool = True, gradients: str | None = N
     return True
 
 
+def configure(setting="auto", gradients: str = "exact", required: bool = False) -> dict:
+    """The fast kernels as a run's ``federation.fast_kernels`` says, and what came of it
+    (for the run's summary). ``true``: they must load, else a ConfigError (one line);
+    ``auto``: the same where ``required`` (a Flower app: a deployed run would otherwise
+    train and evaluate several times slower without saying so in its results), else
+    stock SLAYER with one warning line; ``false``: not loaded (an earlier run's patch
+    in this process stays: the same spikes either way)."""
+    if setting is not False:
+        if not enable(gradients=gradients) and (setting is True or required):
+            from neurofed.config import ConfigError
+
+            why = "federation.fast_kernels is true" if setting is True else "a Flower app needs them with auto"
+            raise ConfigError(f"federation.fast_kernels: the fast kernels cannot be loaded ({variants.error()}) and "
+                              f"{why}; set federation.fast_kernels: false to run stock SLAYER (same results, slower)")
+    return {"fast_kernels": setting, "enabled": _enabled, "variant": variants.variant if _enabled else None,
+            "gradients": ops.mode if _enabled else None, "error": None if _enabled else variants.error()}
+
+
 def disable() -> None:
     """Restore stock SLAYER."""
     global _enabled
