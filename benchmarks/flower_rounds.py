@@ -6,10 +6,16 @@ torch thread each, export and energy off) run three ways, per round:
 * ``inprocess``: :func:`neurofed.fl.runner.run` (the clients train one after another);
 * ``simulation``: Flower's simulation engine (``run_simulation``, one Ray actor, in a
   fresh process; the per-round times exclude Ray's start);
-* ``deployment``: a loopback deployment (:class:`neurofed.flower.loopback.Loopback`:
-  a SuperLink and 3 SuperNodes it starts and stops, ``flwr run``), with the ClientApp
-  either long-lived (``--isolation process`` + :mod:`neurofed.flower.worker`) or in
-  Flower's default new process per message (``--isolation subprocess``).
+* ``deployment``: the README's deployment recipe on loopback
+  (:class:`neurofed.flower.loopback.Loopback`: a SuperLink over TLS with a CA made here,
+  3 SuperNodes verifying it, ``flwr run .`` building the app bundle that the SuperLink's
+  ServerApp installs and runs), with the ClientApp either long-lived (``--isolation
+  process`` + ``python -m neurofed.flower.worker --insecure`` on the SuperNode's local
+  Runtime API, as the README) or in Flower's default new process per message
+  (``--isolation subprocess``). Each component gets ``PYTHONPATH`` = this checkout
+  (what installing it on every machine gives). The run's ``summary.json`` says which
+  fast-kernel variant the ServerApp loaded; the benchmark prints it and stops if it
+  loaded none (a deployment then evaluates with stock SLAYER, several times slower).
 
 Each Flower reply carries the ClientApp's step times (process start-up to the
 handler: interpreter, imports of torch/lava/SLAYER, FAB install, app load; set-up:
@@ -24,6 +30,7 @@ interpreter importing the ClientApp, building a SuperNode's :class:`Node`, and t
 (de)serialisation of one model message, each timed alone.
 
     python benchmarks/flower_rounds.py                       # all modes, 4 rounds
+    python benchmarks/flower_rounds.py --modes inprocess,deployment --isolation process --no-parts
     python benchmarks/flower_rounds.py --modes deployment --isolation subprocess --app /path/to/older/checkout
     python benchmarks/flower_rounds.py --save                # also benchmarks/results/flower_rounds.txt
 
@@ -85,7 +92,7 @@ def run_inprocess(work: Path, sets: list[str]) -> list[dict]:
 
     out = work / "inprocess"
     run(load_config(ROOT / EXAMPLE, sets), out, progress=False, after=False)
-    return read_rounds(out)
+    return read_rounds(out), server_kernels(out)
 
 
 def run_simulation(work: Path, sets: list[str], clients: int) -> tuple[list[dict], float]:
@@ -101,12 +108,22 @@ def run_simulation(work: Path, sets: list[str], clients: int) -> tuple[list[dict
     raise RuntimeError(f"simulation failed twice: {(res.stdout + res.stderr)[-3000:]}")
 
 
-def run_deployment(work: Path, sets: list[str], clients: int, isolation: str, app: Path) -> tuple[list[dict], float]:
+def server_kernels(out: Path) -> str:
+    """The fast-kernel variant the run's server process loaded (its summary), or why none."""
+    k = json.loads((out / "summary.json").read_text()).get("kernels")
+    if k is None:  # an app from before summaries recorded it (--app)
+        return "not recorded"
+    return k["variant"] if k["enabled"] else f"none ({k.get('error')})"
+
+
+def run_deployment(work: Path, sets: list[str], clients: int, isolation: str, app: Path,
+                   tls: bool = True) -> tuple[list[dict], float, str]:
     from neurofed.flower.loopback import Loopback
 
     folder = work / f"deployment-{isolation}"
     out = folder / "run"
-    lb = Loopback(folder, clients, tls=False, isolation=isolation, env={"PYTHONPATH": env()["PYTHONPATH"]}, app=app)
+    lb = Loopback(folder, clients, tls=tls, runtime_tls=False, isolation=isolation,
+                  env={"PYTHONPATH": env()["PYTHONPATH"]}, app=app)
     try:
         lb.start()
         t0 = time.perf_counter()
@@ -118,7 +135,7 @@ def run_deployment(work: Path, sets: list[str], clients: int, isolation: str, ap
         raise RuntimeError(f"deployment run {res['status']}: {res['output'][-3000:]}")
     if left:
         raise RuntimeError(f"processes survived the deployment: {left}")
-    return read_rounds(out), total
+    return read_rounds(out), total, server_kernels(out)
 
 
 # ----------------------------------------------------------------------------- parts timed alone
@@ -218,6 +235,8 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--app", type=Path, default=ROOT, help="checkout whose code the deployment runs")
+    ap.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True,
+                    help="the SuperLink over TLS, as the README's recipe (--no-tls: plain HTTP)")
     ap.add_argument("--parts", action=argparse.BooleanOptionalAction, default=True, help="time the parts alone")
     ap.add_argument("--save", action="store_true")
     args = ap.parse_args(argv)
@@ -226,7 +245,8 @@ def main(argv=None) -> int:
 
     rep = Report()
     rep.emit(machine_header("flower_rounds", "(shared machine: compare ratios within one run)"))
-    rep.emit(f"# config: {EXAMPLE} --set {' '.join(sets)}; flwr 1.41, loopback, no TLS; app: {args.app}")
+    rep.emit(f"# config: {EXAMPLE} --set {' '.join(sets)}; flwr 1.41, loopback, {'TLS' if args.tls else 'no TLS'}; "
+             f"app: {args.app}")
     if os.environ.get("NEUROFED_EXT_DIR"):
         rep.emit(f"# fast-kernel cache: NEUROFED_EXT_DIR={os.environ['NEUROFED_EXT_DIR']}")
     work = Path(tempfile.mkdtemp(prefix="flower_rounds_"))
@@ -242,8 +262,8 @@ def main(argv=None) -> int:
             result.update(import_s=imp, setup_s=setup, serialise_ms=ser * 1e3)
         base = None
         if "inprocess" in modes:
-            rounds = run_inprocess(work, sets)
-            base = describe(rep, "in process (neurofed run)", rounds, None)["round_s"]
+            rounds, kernels = run_inprocess(work, sets)
+            base = describe(rep, f"in process (neurofed run; fast kernels {kernels})", rounds, None)["round_s"]
             result["inprocess_round_s"] = base
         if "simulation" in modes:
             rounds, total = run_simulation(work, sets, args.clients)
@@ -254,11 +274,14 @@ def main(argv=None) -> int:
                 result["simulation_ratio"] = res["round_s"] / base
         if "deployment" in modes:
             for iso in args.isolation.split(","):
-                rounds, total = run_deployment(work, sets, args.clients, iso, args.app)
+                rounds, total, kernels = run_deployment(work, sets, args.clients, iso, args.app, args.tls)
                 what = ("long-lived ClientApp: --isolation process + neurofed.flower.worker" if iso == "process"
                         else "Flower's default --isolation subprocess: a new ClientApp process per message")
-                res = describe(rep, f"loopback deployment, {args.clients} SuperNodes, {what} "
-                                    f"(flwr run to finish {total:.0f} s)", rounds, base)
+                res = describe(rep, f"loopback deployment{' over TLS' if args.tls else ''}, {args.clients} SuperNodes, "
+                                    f"{what} (flwr run to finish {total:.0f} s; ServerApp fast kernels {kernels})",
+                               rounds, base)
+                if kernels.startswith("none"):
+                    raise RuntimeError(f"the deployed ServerApp ran stock SLAYER: {kernels}")
                 result[f"deploy_{iso}_round_s"] = res["round_s"]
                 if "overhead_s" in res:
                     result[f"deploy_{iso}_overhead_s"] = res["overhead_s"]
@@ -266,6 +289,7 @@ def main(argv=None) -> int:
                     result[f"deploy_{iso}_ratio"] = res["round_s"] / base
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    rep.emit(f"\n# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     rep.emit("\nRESULT name=flower_rounds " + " ".join(f"{k}={v:.3g}" for k, v in result.items()))
     if args.save:
         rep.save("flower_rounds")

@@ -643,6 +643,15 @@ def loopback(tmp_path: Path, nodes: int, env: dict | None = None, **kw):
     return Loopback(tmp_path / "lb", nodes, env={"PYTHONPATH": str(REPO), **(env or {})}, **kw)
 
 
+def assert_server_ran_fast_kernels(out: Path) -> None:
+    """The run's summary says its ServerApp (installed from the FAB, which carries no C++)
+    evaluated with the fast kernels, of the variant this machine runs."""
+    from neurofed.kernels import variants
+
+    kernels = json.loads((out / "summary.json").read_text())["kernels"]
+    assert kernels["enabled"] and kernels["variant"] == variants.default_variant(), kernels
+
+
 @pytest.mark.slow
 def test_tls_deployment_with_long_lived_clientapps_equals_the_runner(tmp_path):
     """Every API over TLS (a CA and server certificate made by the test), each SuperNode
@@ -665,6 +674,7 @@ def test_tls_deployment_with_long_lived_clientapps_equals_the_runner(tmp_path):
     assert left == [], "processes survived SIGKILL"
     assert res["status"] == "finished:completed", res["output"][-3000:]
     assert "--insecure" not in (lb.folder / "superlink.log").read_text()  # no "insecure" warning either
+    assert_server_ran_fast_kernels(out)
     params, lines = read_run(out)
     ref_params, ref_lines = reference(tmp_path, "inprocess", neurofed_set)
     assert np.array_equal(params, ref_params)
@@ -880,3 +890,77 @@ def test_worker_runs_only_fabs_that_ship_its_own_code(tmp_path):
     assert differing_file(fab(**same), root) is None  # pyproject.toml (rewritten by flwr) is not compared
     assert differing_file(fab(**{**same, "neurofed__a.py": "x = 2\n"}), root) == "neurofed/a.py"
     assert differing_file(fab(**{**same, "hw_profiles__new.yaml": "pj: 1\n"}), root) == "hw_profiles/new.yaml"
+
+
+# --------------------------------------------------------------------------- the app bundle (FAB)
+
+
+def test_the_app_bundle_holds_every_preset_and_its_neurofed_loads_the_installed_kernels(tmp_path):
+    """``flwr build`` ships every example config (the paper presets and sweeps too) and
+    hardware profile. Installed as Flower installs it (unpacked, first on sys.path), its
+    neurofed compiles no kernels of its own: the FAB holds no C++ (flwr refuses it), so it
+    loads the build of the installed neurofed's sources, the variant the run would use."""
+    import zipfile
+
+    from neurofed.kernels import variants
+
+    res = subprocess.run([str(BIN / "flwr"), "build", "--app", str(REPO)], cwd=tmp_path, env=env_for(),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (fab,) = tmp_path.glob("*.fab")
+    with zipfile.ZipFile(fab) as z:
+        shipped = set(z.namelist())
+        z.extractall(tmp_path / "app")
+    wanted = {p.relative_to(REPO).as_posix() for folder in ("examples", "hw_profiles")
+              for p in (REPO / folder).rglob("*.yaml")}
+    assert {"examples/papers/sfedca_mnist_dir03.yaml", "examples/papers/sweeps/sfedca_table2.yaml"} <= wanted
+    assert wanted - shipped == set()
+    name = variants.default_variant()
+    variants.build_variant(name)  # built once for the suite: the app below must load it, not compile
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import neurofed; from neurofed.kernels import variants; "
+             "assert neurofed.__file__.startswith(sys.argv[1]), neurofed.__file__; "
+             "print(variants.csrc()); print(variants.build() and variants.variant, variants.error())")
+    res = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "app")], cwd=tmp_path / "app",
+                         env={**env_for(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == [str(REPO / "neurofed" / "kernels" / "csrc"), name, "None"]
+    assert "compiling" not in res.stderr
+
+
+@pytest.mark.slow
+def test_a_paper_preset_runs_through_flwr_run_and_its_serverapp_runs_the_fast_kernels(tmp_path):
+    """``flwr run .`` on a loopback deployment (3 SuperNodes, long-lived ClientApps) with a
+    paper preset named in ``neurofed-config`` (SFedCA, MNIST Dir(0.3); tiny MNIST files in
+    the published format, a small width and window): the run completes, the ServerApp
+    evaluated with the fast kernels, and the result equals the in-process run's."""
+    from dataset_files import write_mnist
+
+    from neurofed.fl.runner import run
+
+    write_mnist(tmp_path / "data", n=60, n_test=30)
+    preset = "examples/papers/sfedca_mnist_dir03.yaml"
+    sets = [f"data.root={tmp_path / 'data'}", "data.timesteps=4", "model.width=0.25", "partition.num_clients=3",
+            "federation.rounds=2", "federation.local_epochs=1", "federation.batch_size=16", "energy.enabled=false",
+            "federation.threads=1", "federation.device=cpu"]
+    out = tmp_path / "flower"
+    lb = loopback(tmp_path, 3, tls=False, isolation="process")
+    try:
+        lb.start()
+        res = lb.run(f"neurofed-config='{preset}' neurofed-set='{' '.join(sets)}' out='{out}' round-timeout=300.0 "
+                     f"node-timeout=300.0")
+    finally:
+        left = lb.stop()
+    assert left == [], "processes survived SIGKILL"
+    assert res["status"] == "finished:completed", res["output"][-3000:]
+    assert_server_ran_fast_kernels(out)
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        run(load_config(REPO / preset, sets), tmp_path / "inprocess", progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    params, lines = read_run(out)
+    ref_params, ref_lines = read_run(tmp_path / "inprocess")
+    assert np.array_equal(params, ref_params)
+    same_records(lines, ref_lines)

@@ -55,7 +55,7 @@ class Node:
 
     def __init__(self, cfg: dict):
         t0 = time.perf_counter()
-        configure_compute(cfg)  # as the runner's Experiment: the same bits
+        self.kernels = configure_compute(cfg, kernels_required=True)  # as the runner's: the same bits
         t1 = time.perf_counter()
         self.cfg = cfg
         self.device = resolve_device(cfg["federation"].get("device", "auto"))  # this SuperNode's own device

@@ -161,10 +161,13 @@ class Loopback:
     here, ``isolation="process"`` gives each SuperNode a :mod:`neurofed.flower.worker`."""
 
     def __init__(self, folder: Path, nodes: int, *, tls: bool = True, isolation: str = "process",
-                 env: dict | None = None, app: Path = APP_DIR):
+                 env: dict | None = None, app: Path = APP_DIR, runtime_tls: bool = True):
         if isolation not in ("process", "subprocess"):
             raise ValueError(f"isolation: got {isolation!r}; allowed: process, subprocess")
         self.folder, self.num_nodes, self.tls, self.isolation, self.app = Path(folder), nodes, tls, isolation, app
+        # with tls: also each SuperNode's Runtime API (its worker connects over TLS); False: the
+        # README's recipe, TLS to the SuperLink only and the worker --insecure on 127.0.0.1
+        self.runtime_tls = tls and runtime_tls
         self.folder.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, **QUIET, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
         self.certs = self_signed(self.folder / "certs") if tls else None
@@ -219,12 +222,15 @@ class Loopback:
         args = [str(BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}", "--host", "127.0.0.1",
                 "--port", str(port), "--node-config", f"partition-id={k} num-partitions={self.num_nodes}",
                 "--isolation", self.isolation]
-        args += ["--root-certificates", str(self.certs["ca"]), *self._tls_server()] if self.tls else ["--insecure"]
+        if self.tls:
+            args += ["--root-certificates", str(self.certs["ca"]), *(self._tls_server() if self.runtime_tls else [])]
+        else:
+            args += ["--insecure"]
         env = self._env(f"flwr-node{k}")
         node = self.procs.start(args, self.log(f"supernode{k}"), env, self.folder)
         self.nodes[k] = node
         if self.isolation == "process":
-            tls = ["--root-certificates", str(self.certs["ca"])] if self.tls else ["--insecure"]
+            tls = ["--root-certificates", str(self.certs["ca"])] if self.runtime_tls else ["--insecure"]
             self.procs.start([sys.executable, "-m", "neurofed.flower.worker", "--runtime-api-address",
                               f"127.0.0.1:{port}", "--parent-pid", str(node.pid), *tls],
                              self.log(f"worker{k}"), env, self.folder)

@@ -26,6 +26,9 @@ class FlowerExperiment(Experiment):
     """An :class:`Experiment` whose clients answer over ``grid``: same data split, model,
     server half, straggler rule, evaluation and records; only ``train_round`` differs."""
 
+    # fast_kernels: auto must load them here (evaluation every round), not fall back silently
+    kernels_required = True
+
     def __init__(self, cfg: dict, grid: Grid, round_timeout: float = 3600.0, node_timeout: float = 120.0,
                  poll: float = 0.1):
         super().__init__(cfg)
