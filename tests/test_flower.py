@@ -940,8 +940,8 @@ def test_a_paper_preset_runs_through_flwr_run_and_its_serverapp_runs_the_fast_ke
     write_mnist(tmp_path / "data", n=60, n_test=30)
     preset = "examples/papers/sfedca_mnist_dir03.yaml"
     sets = [f"data.root={tmp_path / 'data'}", "data.timesteps=4", "model.width=0.25", "partition.num_clients=3",
-            "federation.rounds=2", "federation.local_epochs=1", "federation.batch_size=16", "energy.enabled=false",
-            "federation.threads=1", "federation.device=cpu"]
+            "algorithm.candidates=3", "federation.rounds=2", "federation.local_epochs=1", "federation.batch_size=16",
+            "energy.enabled=false", "federation.threads=1", "federation.device=cpu"]
     out = tmp_path / "flower"
     lb = loopback(tmp_path, 3, tls=False, isolation="process")
     try:

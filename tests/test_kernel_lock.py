@@ -85,7 +85,8 @@ def test_a_live_build_is_waited_for_once_aloud_then_given_up_with_the_file_to_re
     with variants.BuildLock(lock_file):  # this process plays the builder
         res = load(tmp_path / "ext", name, timeout=120, NEUROFED_KERNEL_BUILD_WAIT="2")
         assert res.returncode != 0 and "LOADED" not in res.stdout
-        assert res.stderr.count(f"neurofed.kernels: waiting for the kernel build by pid {os.getpid()} on ") == 1, res.stderr[-2000:]
+        waiting = f"neurofed.kernels: waiting for the kernel build by pid {os.getpid()} on "
+        assert res.stderr.count(waiting) == 1, res.stderr[-2000:]
         assert f"BuildLockTimeout: gave up after 2 s waiting for the kernel build by pid {os.getpid()}" in res.stderr
         assert f"remove {lock_file}" in res.stderr
         auto = load(tmp_path / "ext", "configure", "auto", timeout=120, NEUROFED_KERNEL_BUILD_WAIT="1")
