@@ -166,6 +166,13 @@ Use::
 ``make setup`` compiles every variant the CPU runs (about 30 s each on an idle
 machine; needs a C++ compiler and ninja). ``NEUROFED_EXT_DIR`` moves the cache,
 ``NEUROFED_KERNELS`` picks a variant (see :mod:`~neurofed.kernels.variants`).
+A built variant loads without a lock; only a build takes one (``build.lock``, an
+OS lock that ends with its process), and a process that waits for another's build
+says so once and gives up after ``NEUROFED_KERNEL_BUILD_WAIT`` seconds (600), naming
+the file; a killed build leaves nothing that looks built. A run's
+``federation.fast_kernels`` (:func:`configure`): ``auto`` (stock SLAYER with one
+warning line if the kernels cannot be loaded; an error in a Flower app), ``true``
+(an error), ``false`` (stock); its ``summary.json`` records the variant loaded.
 ``enable()`` also calls :func:`tune_malloc` (glibc keeps freed memory; see there).
 On an idle 2-core machine the digits CNN steps faster with both threads (fast-grad
 3.7-4.1 vs 5.2-5.6 ms), though about 1.5 ms of each step is serial Python; on a busy
