@@ -217,7 +217,7 @@ def _load_or_build(name: str, verbose: bool):
         work = folder / f"build-{os.getpid()}"
         work.mkdir()
         print(f"neurofed.kernels: compiling the {name} kernels into {folder} (once per variant and source "
-              f"version; about half a minute on an idle core)", file=sys.stderr, flush=True)
+              f"version; about 30 s on an idle machine)", file=sys.stderr, flush=True)
         ext = load(name=module, sources=[str(csrc() / "module.cpp")], extra_cflags=_flags(name),
                    extra_include_paths=[str(csrc())], extra_ldflags=["-fopenmp"], build_directory=str(work),
                    verbose=verbose)
@@ -228,7 +228,7 @@ def _load_or_build(name: str, verbose: bool):
         return ext
 
 
-# The file torch's cpp_extension links (lib + name + this; Linux and macOS).
+# torch's cpp_extension links a Python extension as <name>.so (Linux and macOS).
 LIBRARY_SUFFIX = ".so"
 STAMP = "built.json"
 
@@ -266,7 +266,10 @@ def _load_built(module: str, folder: Path):
     if not built:
         if not _ninja_finished(folder, library):
             return None
-        _write_stamp(module, folder, library)  # adopted: later loads read the stamp
+        try:
+            _write_stamp(module, folder, library)  # adopted: later loads read the stamp
+        except OSError:  # a read-only cache: ninja's log says the same next time
+            pass
     spec = importlib.util.spec_from_file_location(module, library)
     ext = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ext)
