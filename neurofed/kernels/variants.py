@@ -28,7 +28,41 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent  # csrc/ beside it, except in a Flower app bundle: csrc()
+# No -ffast-math and no FMA contraction: the kernels must round exactly like torch.
+CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
+VARIANTS = {
+    "generic": [],
+    "x86-64-v2": ["-march=x86-64-v2"],
+    "x86-64-v3": ["-march=x86-64-v3"],
+    "x86-64-v4": ["-march=x86-64-v4", "-mprefer-vector-width=512"],
+    "x86-64-v4+vnni": ["-march=x86-64-v4", "-mavx512vnni", "-mprefer-vector-width=512"],
+}
+# Test variants: the AVX-512 half of csrc/simd.h built for a CPU without AVX-512, its
+# intrinsics emulated by SIMDe (the dev extra cmeel-simde, or Debian's libsimde-dev), so
+# the tests check that source against stock SLAYER on any machine (slower than generic;
+# never a default). Each stands in for the native variant it names.
+EMULATED = {
+    "x86-64-v4-simde": ("x86-64-v4", ["-DV16_SIMDE_AVX512", "-Wno-psabi"]),
+    "x86-64-v4+vnni-simde": ("x86-64-v4+vnni", ["-DV16_SIMDE_AVX512", "-DV16_SIMDE_AVX512VNNI", "-Wno-psabi"]),
+}
+# On x86 without AVX, GCC spilled the emulation's 8-byte vector pieces to MMX registers
+# (no emms after them): long double arithmetic later in the process returned NaN
+# (numpy's SVD in another test). No MMX in an emulated build.
+_X86_EMULATED = ["-mno-mmx"]
+# /proc/cpuinfo flags each x86-64 variant adds to the one before (gcc's definition of the levels)
+_X86_LEVELS = [
+    ("x86-64-v2", {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"}),
+    ("x86-64-v3", {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"}),
+    ("x86-64-v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}),
+    ("x86-64-v4+vnni", {"avx512_vnni"}),
+]
+
+_lock = threading.Lock()
+_built: dict = {}  # variant -> extension module
+_ext = None  # what build() loaded
+_error: str | None = None
+variant: str | None = None  # the variant build() loaded
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,40 +101,6 @@ def _installed_kernels() -> list[Path]:
     except (ImportError, ValueError, OSError):
         pass
     return [k for i, k in enumerate(found) if k.is_dir() and k not in found[:i]]
-# No -ffast-math and no FMA contraction: the kernels must round exactly like torch.
-CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
-VARIANTS = {
-    "generic": [],
-    "x86-64-v2": ["-march=x86-64-v2"],
-    "x86-64-v3": ["-march=x86-64-v3"],
-    "x86-64-v4": ["-march=x86-64-v4", "-mprefer-vector-width=512"],
-    "x86-64-v4+vnni": ["-march=x86-64-v4", "-mavx512vnni", "-mprefer-vector-width=512"],
-}
-# Test variants: the AVX-512 half of csrc/simd.h built for a CPU without AVX-512, its
-# intrinsics emulated by SIMDe (the dev extra cmeel-simde, or Debian's libsimde-dev), so
-# the tests check that source against stock SLAYER on any machine (slower than generic;
-# never a default). Each stands in for the native variant it names.
-EMULATED = {
-    "x86-64-v4-simde": ("x86-64-v4", ["-DV16_SIMDE_AVX512", "-Wno-psabi"]),
-    "x86-64-v4+vnni-simde": ("x86-64-v4+vnni", ["-DV16_SIMDE_AVX512", "-DV16_SIMDE_AVX512VNNI", "-Wno-psabi"]),
-}
-# On x86 without AVX, GCC spilled the emulation's 8-byte vector pieces to MMX registers
-# (no emms after them): long double arithmetic later in the process returned NaN
-# (numpy's SVD in another test). No MMX in an emulated build.
-_X86_EMULATED = ["-mno-mmx"]
-# /proc/cpuinfo flags each x86-64 variant adds to the one before (gcc's definition of the levels)
-_X86_LEVELS = [
-    ("x86-64-v2", {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"}),
-    ("x86-64-v3", {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"}),
-    ("x86-64-v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}),
-    ("x86-64-v4+vnni", {"avx512_vnni"}),
-]
-
-_lock = threading.Lock()
-_built: dict = {}  # variant -> extension module
-_ext = None  # what build() loaded
-_error: str | None = None
-variant: str | None = None  # the variant build() loaded
 
 
 def runnable_variants() -> list[str]:
