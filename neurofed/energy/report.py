@@ -157,7 +157,7 @@ def compute_energy(layers, maps: SpikeMaps, profiles: list[Profile], masks=None,
     ``convention`` (``energy.convention``): ``exact`` headlines the measured count;
     ``paper`` the formula of ``algorithm``'s paper (:mod:`neurofed.energy.conventions`),
     the exact figures kept under ``exact``. ``paper_conventions`` always holds all three
-    papers' figures per profile."""
+    papers' figures per profile (and SFedHIFI's Eq. 15 as printed)."""
     rows = count_layers(layers, maps.input_maps, maps.output_spikes, maps.samples, maps.timesteps,
                         masks=masks, analog_input=maps.analog_input, skip_maps=maps.skip_maps)
     priced = {p.name: price(rows, p) for p in profiles}
@@ -209,8 +209,9 @@ def compute_energy(layers, maps: SpikeMaps, profiles: list[Profile], masks=None,
     return result
 
 
-def _ann_only(layers, profiles: list[Profile]) -> dict:
-    """An ANN run: only the MACs of its own network."""
+def _ann_only(layers, profiles: list[Profile], convention: str = "exact", algorithm: str = "fedavg") -> dict:
+    """An ANN run: only the MACs of its own network; with ``convention`` paper the headline is
+    the ANN energy by ``algorithm``'s paper's formula (as its tables print the ANN rows)."""
     rows = count_layers(layers, [None] * len(layers), [None] * len(layers), 1, 1)
     for r in rows:
         for k in ("synaptic_ops", "synaptic_ops_all_weights", "synaptic_ops_approx", "firing_rate",
@@ -221,10 +222,21 @@ def _ann_only(layers, profiles: list[Profile]) -> dict:
         r["energy"] = {name: {k: v for k, v in res["layers"][j].items() if k != "name"}
                        for name, res in priced.items()}
     first = profiles[0].name
-    return {"profile": first, "snn_energy_j": None, "ann_energy_j": priced[first]["ann_energy_j"],
+    papers = {p.name: {paper: {"ann_energy_j": paper_energy(rows, p, paper, 1)["ann_energy_j"]} for paper in PAPERS}
+              for p in profiles}
+    headline = {n: (papers[n][paper_for(algorithm)]["ann_energy_j"] if convention == "paper" else r["ann_energy_j"])
+                for n, r in priced.items()}
+    notes = ["an ANN run (model.kind=ann): MACs of its own network only"]
+    if convention == "paper":
+        notes.append(f"convention paper: ANN energy by {paper_for(algorithm)}'s formula (neurofed.energy.conventions); "
+                     f"the exact count is under each profile's 'exact'")
+    return {"profile": first, "convention": convention, "snn_energy_j": None, "ann_energy_j": headline[first],
             "ann_over_snn": None, "layers": rows,
-            "profiles": {n: {"ann_energy_j": r["ann_energy_j"], "profile": r["profile"]} for n, r in priced.items()},
-            "notes": ["an ANN run (model.kind=ann): MACs of its own network only"]}
+            "profiles": {n: {"ann_energy_j": headline[n], "profile": r["profile"],
+                             **({"exact": {"ann_energy_j": r["ann_energy_j"]}} if convention == "paper" else {})}
+                         for n, r in priced.items()},
+            "paper_conventions": papers, **({"paper": paper_for(algorithm)} if convention == "paper" else {}),
+            "notes": notes}
 
 
 # --------------------------------------------------------------------------- one run
@@ -243,7 +255,8 @@ def energy_for_run(run_dir: str | Path, profiles=None, spikes: str = "torch", sa
     profs = load_profiles(refs)
     model = run.model
     if getattr(model, "kind", "snn") == "ann":
-        result = _ann_only(model.layers, profs)
+        result = _ann_only(model.layers, profs, convention=convention or run.cfg.get("energy", {}).get("convention", "exact"),
+                           algorithm=run.cfg["algorithm"]["name"])
     else:
         maps = _measure(run, spikes, samples)
         result = compute_energy(model.layers, maps, profs, masks=synapse_masks(model),
