@@ -3,7 +3,8 @@
 examples/papers/printed/training_free.yaml lists each printed number, where it is printed and
 whether neurofed reproduces it; here every entry is recomputed: the preset's model as its ANN
 twin (no training, no data), counted by neurofed.energy.ops, under the paper's own formula
-(neurofed.energy.conventions, ``energy.convention: paper``), priced on the profile's E_MAC.
+(neurofed.energy.conventions, ``energy.convention: paper``), priced on the profile's E_MAC,
+as ``neurofed energy PRESET.yaml`` prints them.
 """
 
 from __future__ import annotations
@@ -15,22 +16,17 @@ import pytest
 import yaml
 
 from neurofed.config import load_config
-from neurofed.energy.conventions import paper_ops
-from neurofed.energy.ops import count_layers
-from neurofed.energy.profiles import load_profile
-from neurofed.models import build_model
+from neurofed.energy.report import config_numbers
 
 PAPERS = Path(__file__).resolve().parents[1] / "examples" / "papers"
 PRINTED = yaml.safe_load((PAPERS / "printed" / "training_free.yaml").read_text())
-SHAPES = {"mnist": ((1, 28, 28), 10), "fashion_mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10)}
 
 
 def ann_energy_uj(preset: str, width: float, paper: str, profile: str) -> float:
-    cfg = load_config(PAPERS / preset, overrides=["data.root=/nonexistent"])  # validation reads no files
-    shape, classes = SHAPES[cfg["data"]["name"]]
-    model = build_model({**cfg["model"], "kind": "ann", "width": width}, shape, classes)  # the preset's keys
-    rows = count_layers(model.layers, [None] * len(model.layers), [None] * len(model.layers), 1, 1)
-    return paper_ops(rows, paper, 1)["ann"] * load_profile(profile).mac_pj * 1e-6
+    """What `neurofed energy PRESET --set model.width=W` prints (validation reads no data files)."""
+    cfg = load_config(PAPERS / preset, overrides=["data.root=/nonexistent", f"model.width={width}"])
+    cfg["algorithm"].pop("widths", None)  # this width only
+    return config_numbers(cfg, [profile])["widths"][width]["profiles"][profile][paper] * 1e6
 
 
 def _digits(value: float) -> int:
@@ -78,3 +74,22 @@ def test_sfedhifi_table3_follows_the_authors_count_not_the_printed_factor_two():
         literal = ann_energy_uj("sfedhifi_fashion_mnist_iid.yaml", p, "sfedhifi_eq15", "cmos45_fp32")
         assert literal > 4 * got  # Eq. 15 as printed (2(f_in + 1)·β, fused k×k fan-in): not Table 3
     assert math.isclose(by_hand(1.0) * 4.6e-6, 151.469, abs_tol=5e-4)
+
+
+def test_neurofed_energy_on_a_preset_prints_its_training_free_numbers(capsys, tmp_path):
+    from neurofed.cli import main
+
+    assert main(["energy", str(PAPERS / "sfedhifi_fashion_mnist_iid.yaml"), "--profile", "cmos45_fp32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = lines[1].split()
+    table3 = {0.25: 34.059, 0.5: 69.503, 0.75: 108.639, 1.0: 151.469}
+    for line in lines[2:]:
+        cells = line.split()
+        assert float(cells[head.index("sfedhifi") - 1]) == table3[float(cells[0])]  # "MACs (exact)": 2 words
+    assert main(["energy", str(PAPERS / "sfedca_mnist_dir03.yaml"), "--set", "model.width=0.5",
+                 "--profile", "cmos45_fp32"]) == 0
+    assert " 0.5 cmos45_fp32" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {name: no_such_net}\n")
+    assert main(["energy", str(bad)]) == 2
+    assert "model.name" in capsys.readouterr().err

@@ -285,6 +285,50 @@ def energy_for_run(run_dir: str | Path, profiles=None, spikes: str = "torch", sa
     return result
 
 
+def config_numbers(cfg: dict, profiles=None) -> dict:
+    """The training-free numbers of a config's model: its ANN twin's operations per inference
+    (no spikes, so no SNN energy) under the exact count and each paper's formula, priced on
+    ``profiles`` (default: the config's), at each width of a heterogeneous-width algorithm."""
+    from neurofed.data.images import IMAGE_SETS
+    from neurofed.models import build_model
+
+    data = cfg["data"]
+    if data["name"] in IMAGE_SETS:  # shape and classes without reading the files
+        spec = IMAGE_SETS[data["name"]]
+        shape, classes = spec.shape, spec.num_classes
+        if data["name"] == "cifar100" and data.get("cifar100_labels") == "coarse":
+            classes = 20
+    else:
+        from neurofed.data import load_dataset
+
+        ds = load_dataset(data, cfg["seed"])
+        shape, classes = ds.input_shape, ds.num_classes
+    profs = load_profiles(profiles or cfg.get("energy", {}).get("profiles") or DEFAULT_PROFILES)
+    widths = cfg["algorithm"].get("widths") or [cfg["model"]["width"]]
+    out = {"model": cfg["model"]["name"], "dataset": data["name"], "input_shape": list(shape), "widths": {}}
+    for width in widths:
+        model = build_model({**cfg["model"], "kind": "ann", "width": width}, shape, classes)
+        rows = count_layers(model.layers, [None] * len(model.layers), [None] * len(model.layers), 1, 1)
+        out["widths"][float(width)] = {
+            "macs": sum(r["macs"] for r in rows),
+            "profiles": {p.name: {"exact": price(rows, p)["ann_energy_j"],
+                                  **{paper: paper_energy(rows, p, paper, 1)["ann_energy_j"] for paper in PAPERS}}
+                         for p in profs}}
+    return out
+
+
+def format_config_numbers(numbers: dict) -> str:
+    """One line per width and profile: the ANN energy (µJ) under each count."""
+    counts = ("exact",) + PAPERS
+    lines = [f"{numbers['model']} on {numbers['dataset']} {'x'.join(map(str, numbers['input_shape']))}, "
+             f"ANN twin, no training (SNN energies need a run's spikes); energy per inference in uJ",
+             f"{'width':>6s} {'profile':12s} {'MACs (exact)':>13s} " + " ".join(f"{c:>13s}" for c in counts)]
+    for width, w in numbers["widths"].items():
+        for name, e in w["profiles"].items():
+            lines.append(f"{width:>6g} {name:12s} {w['macs']:>13,} " + " ".join(f"{e[c] * 1e6:>13.3f}" for c in counts))
+    return "\n".join(lines)
+
+
 def format_summary(result: dict) -> str:
     """A few lines for the terminal: totals and ratio per profile."""
     lines = []
