@@ -307,8 +307,8 @@ def config_numbers(cfg: dict, profiles=None) -> dict:
     widths = cfg["algorithm"].get("widths") or [cfg["model"]["width"]]
     out = {"model": cfg["model"]["name"], "dataset": data["name"], "input_shape": list(shape), "widths": {}}
     for width in widths:
-        model = build_model({**cfg["model"], "kind": "ann", "width": width}, shape, classes)
-        rows = count_layers(model.layers, [None] * len(model.layers), [None] * len(model.layers), 1, 1)
+        layers = build_model({**cfg["model"], "width": width}, shape, classes).layers  # the config's layer options
+        rows = count_layers(layers, [None] * len(layers), [None] * len(layers), 1, 1)
         out["widths"][float(width)] = {
             "macs": sum(r["macs"] for r in rows),
             "profiles": {p.name: {"exact": price(rows, p)["ann_energy_j"],
