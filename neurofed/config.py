@@ -478,10 +478,8 @@ def _check_sections(cfg: dict) -> None:
     """A section given as something other than a mapping of keys: refused before anything reads its keys."""
     sections = [k for k, v in defaults().items() if isinstance(v, dict) and k in cfg and not isinstance(cfg[k], dict)]
     if sections:
-        raise ConfigError("\n".join(
-            f"{k}: got {shown(cfg[k])}; expected a mapping of keys "
-            + ("(an empty section runs its defaults: remove it instead)" if cfg[k] is None else
-               f"(e.g. {k}.{next(iter(defaults()[k]), 'key')}=...)") for k in sections))
+        raise ConfigError("\n".join(f"{k}: got {shown(cfg[k])}; expected a mapping of keys (an empty section "
+                                     f"runs its defaults: remove it instead)" for k in sections))
 
 
 def dump_config(cfg: dict, path: str | Path) -> None:

@@ -68,7 +68,8 @@ def test_a_typo_in_a_key_suggests_the_nearest():
 
 def test_a_section_set_to_a_scalar_is_one_line(capsys):
     line = refused(capsys, "run", EXAMPLE, "--set", "algorithm=3", "--out", "unused")
-    assert line == "neurofed: error: algorithm: got 3; expected a mapping of keys (e.g. algorithm.name=...)"
+    assert line == ("neurofed: error: algorithm: got 3; expected a mapping of keys (an empty section runs its "
+                    "defaults: remove it instead)")
 
 
 BOMB = "".join(f"{a}: &{a} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['lol'] * 9)}]\n"
@@ -110,3 +111,134 @@ def test_big_configs_are_refused_and_errors_are_capped(tmp_path, capsys):
     long_value.write_text("federation:\n  optimizer: " + "x" * 500_000 + "\n")
     line = refused(capsys, "run", long_value, "--out", tmp_path / "o")
     assert line.startswith("neurofed: error: federation.optimizer: got 'xxx") and len(line) < 300
+
+
+# --------------------------------------------------------------------------- run directories (35.1-35.5, 35.11, 34.3)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished 2-round run, written by the command line."""
+    from neurofed.fl.runner import run
+
+    out = tmp_path_factory.mktemp("run") / "r"
+    run(load_config(None, tiny_overrides(**{"federation.privacy_noise": "seeded_not_private"})), out,
+        progress=False, after=False)
+    return out
+
+
+@pytest.fixture
+def run_dir(finished, tmp_path):
+    out = tmp_path / "r"
+    shutil.copytree(finished, out)
+    return out
+
+
+def run_argv(run_dir, *extra):
+    return ["run", run_dir / "config.yaml", "--out", run_dir, "--quiet", *extra]
+
+
+def snapshot(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_resume_without_a_checkpoint_keeps_the_results(run_dir, capsys):
+    (run_dir / "checkpoint.npz").unlink()
+    before = snapshot(run_dir)
+    line = refused(capsys, *run_argv(run_dir, "--resume"))
+    assert "but no checkpoint.npz to continue from; starting again would overwrite them" in line
+    assert "metrics.jsonl" in line and "model_best.npz" in line
+    assert snapshot(run_dir) == before
+
+
+def test_no_file_of_an_existing_run_is_overwritten(run_dir, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    for name in ("model_best.npz", "model_last.npz"):
+        shutil.copy(run_dir / name, out / name)
+    (out / "config.yaml").write_text("# my own notes on this experiment\n" + (run_dir / "config.yaml").read_text())
+    before = snapshot(out)
+    line = refused(capsys, *run_argv(run_dir)[:2], "--out", out, "--quiet")
+    assert "already holds config.yaml, model_best.npz, model_last.npz, which this run would overwrite" in line
+    assert snapshot(out) == before
+
+
+def test_a_half_written_metrics_line_is_recovered(run_dir, tmp_path, capsys):
+    """A kill mid-write of round 3's line: --resume drops the half line (the checkpoint is
+    at round 2) and ends exactly where the uninterrupted run does."""
+    from neurofed.fl.runner import run
+
+    cfg = load_config(run_dir / "config.yaml", ["federation.rounds=3"])
+    whole = run(cfg, tmp_path / "whole", progress=False, after=False)
+    with open(run_dir / "metrics.jsonl", "a") as fh:
+        fh.write('{"round": 3, "accuracy": 0.1')
+    code, err = cli(capsys, *run_argv(run_dir, "--resume", "--set", "federation.rounds=3"))
+    assert code == 0, err
+    assert any("dropped a half-written last line" in l for l in err)
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [l["round"] for l in lines] == [1, 2, 3]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_accuracy"] == whole["final_accuracy"] and summary["rounds"] == 3
+
+
+def test_a_damaged_line_inside_metrics_is_named(run_dir, capsys):
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("{garbage\n" + "\n".join(lines[1:]) + "\n")
+    line = refused(capsys, *run_argv(run_dir, "--resume", "--set", "federation.rounds=3"))
+    assert line.endswith("metrics.jsonl: line 1 is not a round's JSON record (damaged file); "
+                         "expected one JSON object per round")
+
+
+def test_resume_with_fewer_rounds_than_done_is_refused(run_dir, capsys):
+    line = refused(capsys, *run_argv(run_dir, "--resume", "--set", "federation.rounds=1"))
+    assert line.endswith("federation.rounds: got 1; " + f"{run_dir} has already completed 2 rounds "
+                         "(resume with federation.rounds >= 2, or read its results as they are)")
+
+
+@pytest.mark.parametrize("where", ["file", "below a file"])
+def test_out_that_is_a_file_is_one_line(tmp_path, capsys, where):
+    (tmp_path / "f").write_text("mine")
+    out = tmp_path / "f" if where == "file" else tmp_path / "f" / "run"
+    line = refused(capsys, "run", EXAMPLE, "--out", out, "--quiet")
+    assert ("is a file; expected a folder" if where == "file" else f"lies below {tmp_path / 'f'}, which is a file") \
+        in line
+    assert (tmp_path / "f").read_text() == "mine"
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_one_line(run_dir, capsys):
+    from neurofed.runfiles import load_state, save_state
+
+    state = load_state(run_dir / "checkpoint.npz", "checkpoint")
+    state["server"]["params"] = state["server"]["params"][:-7]  # save_state recomputes the digest
+    save_state(run_dir / "checkpoint.npz", state, "checkpoint")
+    line = refused(capsys, *run_argv(run_dir, "--resume", "--set", "federation.rounds=3"))
+    assert "checkpoint.npz: does not fit this run's model and algorithm" in line
+
+
+def test_a_failed_start_leaves_no_run_directory(tmp_path, capsys):
+    """A data set whose files are missing: the start fails after the run directory was
+    made; it is removed, so a second try is not refused as existing."""
+    out = tmp_path / "runs" / "mnist-seed0"
+    argv = ["run", EXAMPLE, "--set", "data.name=mnist", "--set", f"data.root={tmp_path / 'nothing'}",
+            "--out", out, "--quiet"]
+    first = refused(capsys, *argv)
+    assert "no MNIST files found" in first and not out.exists()
+    assert refused(capsys, *argv) == first
+    out.mkdir(parents=True)  # a folder the user made: kept, and left as it was
+    refused(capsys, *argv)
+    assert out.is_dir() and not any(out.iterdir())
+
+
+def test_a_run_in_which_no_update_was_aggregated_fails(tmp_path, capsys):
+    """Noise of 1e39 overflows every float32 update: each client's reply is dropped as
+    non-finite, so the global model never changes. That is not a success."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("seed: 0\n")
+    argv = ["run", cfg, *sum((["--set", o] for o in tiny_overrides(**{
+        "federation.rounds": 1, "federation.update_noise": 1e39, "federation.update_noise_mode": "absolute"})), []),
+        "--out", tmp_path / "o", "--quiet"]
+    line = refused(capsys, *argv)
+    assert "no client's update was aggregated in any of the 1 rounds (2 client replies failed, first: client" in line
+    assert "update has non-finite values" in line
+    assert (tmp_path / "o" / "summary.json").exists()  # the results are kept
