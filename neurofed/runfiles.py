@@ -74,6 +74,30 @@ def check_out_dir(out: Path, flag: str = "--out") -> None:
             break
 
 
+def read_run_config(run_dir: Path) -> dict:
+    """``RUN_DIR/config.yaml`` as the run wrote it, defaults filled and validated like any
+    config (a run directory may come from someone else); RunFileError naming the file."""
+    from neurofed.config import resolve, validate, yaml_load
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise RunFileError(f"{run_dir}: no config.yaml; expected the directory of a finished `neurofed run`")
+    try:
+        cfg = yaml_load(path.read_text(errors="replace"), str(path))
+    except ConfigError as exc:
+        raise RunFileError(str(exc)) from None
+    except Exception as exc:  # yaml.YAMLError
+        raise RunFileError(f"{path}: not valid YAML ({exc})".splitlines()[0]) from None
+    if not isinstance(cfg, dict):
+        raise RunFileError(f"{path}: holds a {type(cfg).__name__}; expected the mapping of sections a run writes")
+    try:
+        return validate(resolve(cfg))
+    except ConfigError as exc:
+        raise RunFileError(f"{path}: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # a section that is not a mapping, read by a component's resolve
+        raise RunFileError(f"{path}: not a run's config ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+
+
 # --------------------------------------------------------------------------- metrics.jsonl
 
 

@@ -242,3 +242,29 @@ def test_a_run_in_which_no_update_was_aggregated_fails(tmp_path, capsys):
     assert "no client's update was aggregated in any of the 1 rounds (2 client replies failed, first: client" in line
     assert "update has non-finite values" in line
     assert (tmp_path / "o" / "summary.json").exists()  # the results are kept
+
+
+# --------------------------------------------------------------------------- exported networks (35.9, 35.11)
+
+
+def test_an_altered_network_is_refused_before_lava_runs_it(run_dir, capsys):
+    import h5py
+
+    from neurofed.deploy.export import export_run, file_sha256
+
+    net = export_run(run_dir, quiet=True)
+    assert (run_dir / "model.net.sha256").read_text() == f"{file_sha256(net)}  model.net\n"
+    with h5py.File(net, "r+") as h:  # still valid HDF5, same shapes: only the digest tells
+        w = h["layer/2/weight"]
+        w[...] = -w[()]
+    line = refused(capsys, "lava", run_dir, "--samples", 2, "--quiet")
+    assert line.endswith("model.net: SHA-256 differs from the one recorded at export (model.net.sha256): the "
+                         f"network was changed after `neurofed export`; re-create it with `neurofed export {run_dir}`")
+    assert not (run_dir / "lava.json").exists()
+
+
+@pytest.mark.parametrize("content", ["- 1\n- 2\n", "federation: [1]\n", "federation:\n  lr: .nan\n"])
+def test_export_reads_the_run_config_validated(run_dir, capsys, content):
+    (run_dir / "config.yaml").write_text(content)
+    line = refused(capsys, "export", run_dir)
+    assert f"{run_dir / 'config.yaml'}: " in line
