@@ -268,3 +268,234 @@ def test_export_reads_the_run_config_validated(run_dir, capsys, content):
     (run_dir / "config.yaml").write_text(content)
     line = refused(capsys, "export", run_dir)
     assert f"{run_dir / 'config.yaml'}: " in line
+
+
+# --------------------------------------------------------------------------- data set files (35.6-35.8, 35.11-35.13, 34.10, 34.11)
+
+
+def data_cfg(name, root, **extra):
+    return {"name": name, "root": str(root), "encoding": "events" if name == "dvsgesture" else "rate",
+            "timesteps": 4, **extra}
+
+
+def load(name, root, **extra):
+    from neurofed.data import load_dataset
+
+    return load_dataset(data_cfg(name, root, **extra))
+
+
+def refused_load(capsys, name, root, **extra) -> str:
+    """The data set loaded through `neurofed partition` (the CLI's error path): one line, exit 2."""
+    cfg = root / "partition.yaml"
+    cfg.write_text(json.dumps({"data": data_cfg(name, root, **extra), "partition": {"num_clients": 2},
+                               "federation": {"clients_per_round": 1}}))
+    return refused(capsys, "partition", cfg, "--png", root / "p.png")
+
+
+def test_a_data_file_edited_in_place_is_decoded_again(tmp_path):
+    from dataset_files import idx_bytes, write_mnist
+
+    ref = write_mnist(tmp_path, 20, 10)
+    assert np.array_equal(load("mnist", tmp_path).y_train, ref["y_train"])
+    labels = tmp_path / "train-labels-idx1-ubyte"
+    time.sleep(0.02)  # a later modification time than the first write's, at any timestamp granularity
+    labels.write_bytes(idx_bytes((ref["y_train"] + 1) % 10))  # same size, other labels
+    assert np.array_equal(load("mnist", tmp_path).y_train, (ref["y_train"] + 1) % 10)
+
+
+def test_an_array_declared_without_its_bytes_is_refused(tmp_path, capsys):
+    """A 150-byte CIFAR batch declaring a (100000, 3072) array: refused, nothing cached."""
+    import pickle
+
+    from dataset_files import write_cifar10
+
+    ref = write_cifar10(tmp_path, 10, 5)
+
+    class Declared:
+        def __reduce__(self):  # numpy's array reconstructor asked for a big shape, no data follows
+            return np.core.multiarray._reconstruct, (np.ndarray, (100000, 3072), b"B")
+
+    batch = ref["dir"] / "data_batch_1"
+    batch.write_bytes(pickle.dumps({b"data": Declared(), b"labels": [0]}, protocol=2))
+    assert batch.stat().st_size < 1000
+    line = refused_load(capsys, "cifar10", tmp_path)
+    assert f"{batch}: refused numpy _reconstruct of shape (100000, 3072)" in line
+    assert not list((tmp_path / "cifar-10-batches-py" / ".neurofed_cache").glob("cifar10-*"))
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_plain_cifar_batches_repickled_by_python3_load(tmp_path, protocol):
+    import pickle
+
+    from dataset_files import write_cifar10
+    from neurofed.data.safe_pickle import load as safe_load
+
+    ref = write_cifar10(tmp_path, 10, 5)
+    for path in ref["dir"].glob("*_batch*"):
+        path.write_bytes(pickle.dumps(safe_load(path), protocol=protocol))
+    ds = load("cifar10", tmp_path)
+    assert np.array_equal(ds.x_train, ref["x_train"]) and np.array_equal(ds.y_test, ref["y_test"])
+
+
+def write_labelled_like(writer, root, set_name: str, **kw) -> dict:
+    """Tiny IDX files whose label files begin with ``set_name``'s published first labels."""
+    from dataset_files import idx_bytes
+    from neurofed.data.identify import published
+
+    ref = writer(root, 20, 10, **kw)
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        y = ref[f"y_{split}"].copy()
+        first = published()[set_name]["first_labels"][f"{split}_labels"]
+        y[:len(first)] = first
+        (ref["dir"] / f"{prefix}-labels-idx1-ubyte").write_bytes(idx_bytes(y))
+        ref[f"y_{split}"] = y
+    return ref
+
+
+def test_mnist_files_are_not_taken_for_fashion_mnist(tmp_path, capsys):
+    from dataset_files import write_mnist
+
+    ref = write_labelled_like(write_mnist, tmp_path, "mnist")
+    line = refused_load(capsys, "fashion_mnist", tmp_path)
+    assert line == (f"neurofed: error: {tmp_path / 'train-labels-idx1-ubyte'}: its first labels "
+                    "[5, 0, 4, 1, 9, 2, 1, 3, 1, 4] are MNIST's, not Fashion-MNIST's: these are MNIST's files; "
+                    "set data.name: mnist to train on them, or point data.root at Fashion-MNIST's files")
+    ds = load("mnist", tmp_path)  # as MNIST they load, verified by that fingerprint
+    assert np.array_equal(ds.y_train, ref["y_train"])
+    assert set(ds.info["files_identified"]["verified"].values()) == {"first labels of the train and test label files"}
+    assert ds.info["files_identified"]["unverified"] == []
+
+
+def test_the_datasets_command_says_whose_files_they_are(tmp_path, capsys):
+    from dataset_files import write_mnist
+
+    write_labelled_like(write_mnist, tmp_path, "mnist")
+    assert main(["datasets", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "fashion_mnist: " + str(tmp_path / "train-labels-idx1-ubyte") + ": its first labels" in out
+    status = {l.split()[0]: l.split()[1] for l in out.splitlines() if l.split()[:1] in (["mnist"], ["fashion_mnist"])}
+    assert status == {"mnist": "found", "fashion_mnist": "missing"}
+
+
+def test_a_published_checksum_of_another_set_is_refused(tmp_path):
+    """The MD5 table (here one built from these files, as published_files.yaml holds the
+    publishers') identifies a file as another set's whatever its name."""
+    from dataset_files import write_mnist
+    from neurofed.data.identify import identify, md5
+    from neurofed.data.images import IMAGE_SETS, MNIST, DataFileError
+
+    write_mnist(tmp_path, 20, 10, gz=True)
+    files = MNIST.find(tmp_path)[2]
+    table = {"mnist": {"md5": {p.name: md5(p) for p in files.values()}}, "fashion_mnist": {"md5": {}}}
+    titles = {s.name: s.title for s in IMAGE_SETS.values()}
+    with pytest.raises(DataFileError, match=r"t10k-images-idx3-ubyte\.gz: this is MNIST's t10k-images-idx3-ubyte"
+                                            r"\.gz \(its published MD5\), not Fashion-MNIST's"):
+        identify("fashion_mnist", titles, files, table=table)
+    assert set(identify("mnist", titles, files, table=table)["verified"].values()) == {"published MD5"}
+
+
+def test_unverified_files_load_with_a_warning_and_are_recorded(tmp_path, caplog):
+    from dataset_files import write_fashion_mnist
+
+    write_fashion_mnist(tmp_path, 20, 10)
+    ds = load("fashion_mnist", tmp_path)
+    assert ds.info["files_identified"]["unverified"] == sorted(
+        ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"])
+    assert any("could not verify" in r.message and "as Fashion-MNIST's files" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("variant", ["dotted", "dotted.gz", "kaggle folders"])
+def test_common_variants_of_mnist_file_names_load(tmp_path, variant):
+    from dataset_files import write_mnist
+
+    ref = write_mnist(tmp_path / "w", 20, 10, gz=variant.endswith(".gz"))
+    root = tmp_path / "mnist"
+    root.mkdir()
+    for path in (tmp_path / "w").iterdir():
+        if not path.is_file():
+            continue
+        name = path.name.replace("-idx", ".idx")
+        if variant == "kaggle folders":
+            name = f"{path.name}/{path.name}"
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, root / name)
+    ds = load("mnist", tmp_path)  # data.root holding a mnist/ folder
+    assert np.array_equal(ds.x_train, ref["x_train"]) and np.array_equal(ds.y_test, ref["y_test"])
+
+
+def test_a_set_with_zero_images_names_the_file(tmp_path, capsys):
+    from dataset_files import idx_bytes, write_mnist
+
+    write_mnist(tmp_path, 20, 10)
+    (tmp_path / "t10k-images-idx3-ubyte").write_bytes(idx_bytes(np.zeros((0, 28, 28), np.uint8)))
+    (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(idx_bytes(np.zeros(0, np.uint8)))
+    line = refused_load(capsys, "mnist", tmp_path)
+    assert line.endswith(f"{tmp_path / 't10k-images-idx3-ubyte'}: 0 images; expected the test split's images "
+                         f"(at least one)")
+
+
+def test_a_negative_cifar_label_names_the_file(tmp_path, capsys):
+    from dataset_files import py2_pickle, write_cifar10
+    from neurofed.data.safe_pickle import load as safe_load
+
+    ref = write_cifar10(tmp_path, 10, 5)
+    batch = ref["dir"] / "test_batch"
+    d = safe_load(batch)
+    d[b"labels"][0] = -1
+    batch.write_bytes(py2_pickle(d))
+    assert refused_load(capsys, "cifar10", tmp_path).endswith(f"{batch}: class label -1; expected class labels 0-9")
+
+
+def test_a_killed_decode_leaves_no_temporary_folder(tmp_path):
+    """A build killed mid-way leaves ``.<name>-<digest>.tmp-<pid>``; the next build removes
+    it once its process is gone."""
+    from dataset_files import write_mnist
+
+    write_mnist(tmp_path, 20, 10)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    cache = tmp_path / ".neurofed_cache"
+    stale = cache / f".mnist-0123456789abcdef.tmp-{int(dead.stdout)}"
+    stale.mkdir(parents=True)
+    (stale / "x_train.npy").write_bytes(b"half")
+    load("mnist", tmp_path)
+    assert not stale.exists() and [p.name.startswith("mnist-") for p in cache.iterdir()] == [True]
+
+
+def write_gestures(root: Path) -> Path:
+    from test_events import random_events, write_dvsgesture_npy
+
+    rng = np.random.default_rng(1)
+    for split, user, labels in (("ibmGestureTrain", "user01_led", [0, 1]), ("ibmGestureTest", "user24_led", [2])):
+        for label in labels:
+            x, y, t_us, p = random_events(rng, 50, 128, duration_us=1_000_000)
+            write_dvsgesture_npy(root / "DVSGesture" / split / user / f"{label}.npy", x, y, p, t_us // 1000)
+    return root / "DVSGesture" / "ibmGestureTrain" / "user01_led"
+
+
+@pytest.mark.parametrize("damage", ["wrong shape", "truncated", "object array"])
+def test_a_bad_dvsgesture_sample_names_its_file(tmp_path, capsys, damage):
+    folder = write_gestures(tmp_path)
+    sample = folder / "1.npy"
+    if damage == "wrong shape":
+        np.save(sample, np.zeros(7))
+    elif damage == "truncated":
+        sample.write_bytes(sample.read_bytes()[:-100])
+    else:
+        np.save(sample, np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    line = refused_load(capsys, "dvsgesture", tmp_path, downsample=4)
+    assert line.startswith(f"neurofed: error: {sample}: cannot be read (")
+    assert line.endswith("expected an (N, 4) integer array of x < 128, y < 128, p in {0, 1}, t in ms (tonic's "
+                         "preprocessed DVS128 Gesture), saved by numpy")
+
+
+@pytest.mark.parametrize("bad", ["folder", "file", "label"])
+def test_a_bad_name_in_the_dvsgesture_layout_is_named(tmp_path, capsys, bad):
+    folder = write_gestures(tmp_path)
+    wrong = {"folder": folder.parent / "subject1", "file": folder / "wave.npy", "label": folder / "11.npy"}[bad]
+    if bad == "folder":
+        shutil.copytree(folder, wrong)
+    else:
+        shutil.copy(folder / "0.npy", wrong)
+    line = refused_load(capsys, "dvsgesture", tmp_path, downsample=4)
+    assert line.startswith(f"neurofed: error: {wrong}: not a DVS128 Gesture {'folder' if bad == 'folder' else 'sample'}"
+                           f" name; expected DVSGesture/ibmGestureTrain/user<NN>_<lighting>/<label 0-10>.npy")

@@ -8,6 +8,7 @@ import gzip
 import json
 import os
 import pickle
+import time
 from pathlib import Path
 
 import numpy as np
@@ -97,21 +98,26 @@ def test_svhn_extra_requested_but_absent(tmp_path):
 # --------------------------------------------------------------------------- the cache
 
 
-def test_cache_is_memory_mapped_and_keyed_by_file_sizes(tmp_path):
+def test_cache_is_memory_mapped_and_keyed_by_the_files_as_they_are(tmp_path):
     ref = write_cifar10(tmp_path / "data", 20, 10, release="binary")
     first = load_dataset(cfg("cifar10", tmp_path / "data", cache=str(tmp_path / "cache")))
     folders = list((tmp_path / "cache").iterdir())
     assert len(folders) == 1 and (folders[0] / "x_train.npy").is_file()
     assert isinstance(first.x_train, np.memmap) and Path(first.x_train.filename) == folders[0] / "x_train.npy"
-    # Same sizes, other bytes: the cache answers (the files are not read again).
-    batch = ref["dir"] / "data_batch_1.bin"
-    batch.write_bytes(bytes(len(batch.read_bytes())))
     again = load_dataset(cfg("cifar10", tmp_path / "data", cache=str(tmp_path / "cache")))
-    assert np.array_equal(again.x_train, ref["x_train"])
+    assert len(list((tmp_path / "cache").iterdir())) == 1 and np.array_equal(again.x_train, ref["x_train"])
+    # Same size, other bytes (a file edited in place, issue 35.6): a new cache of the files as they are now.
+    batch = ref["dir"] / "data_batch_1.bin"
+    time.sleep(0.02)  # a later modification time than the first write's, at any timestamp granularity
+    batch.write_bytes(bytes(len(batch.read_bytes())))
+    edited = load_dataset(cfg("cifar10", tmp_path / "data", cache=str(tmp_path / "cache")))
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+    assert not edited.x_train[:4].any() and np.array_equal(edited.x_train[4:], ref["x_train"][4:])
+    assert not edited.y_train[:4].any()  # data_batch_1's 4 records, zeroed
     # Another size: a new cache is built from the files as they are now.
     batch.write_bytes(batch.read_bytes()[:3073])
     rebuilt = load_dataset(cfg("cifar10", tmp_path / "data", cache=str(tmp_path / "cache")))
-    assert len(list((tmp_path / "cache").iterdir())) == 2
+    assert len(list((tmp_path / "cache").iterdir())) == 3
     assert len(rebuilt.y_train) == 20 - 4 + 1  # data_batch_1 held 4 of the 20, now 1
     assert not rebuilt.x_train[0].any()  # the zeroed record
 

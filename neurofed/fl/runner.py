@@ -472,6 +472,8 @@ def _run(cfg: dict, out: Path, resume: bool, progress: bool, after: bool,
     summary["num_params"] = exp.spec.size
     if exp.dataset.info.get("subset"):  # data.train_subset / data.test_subset: not the whole data set
         summary["data_subset"] = exp.dataset.info["subset"]
+    if exp.dataset.info.get("files_identified"):  # which files were verified as the data set's, and how
+        summary["data_files"] = exp.dataset.info["files_identified"]
     summary["privacy"] = accountant.summary()
     summary["models_kept"] = {"last": MODEL_LAST, "best": MODEL_BEST}
     summary["device"] = device
