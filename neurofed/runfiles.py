@@ -45,7 +45,7 @@ MODEL_BEST = "model_best.npz"
 # a directory holding any of them: the rule "an existing run is never overwritten" must
 # hold for each file, not only for the checkpoint.
 RUN_OUTPUTS = ("config.yaml", "partition.json", "metrics.jsonl", "summary.json", CHECKPOINT, LEGACY_CHECKPOINT,
-               MODEL_BEST, MODEL_LAST, "class_coverage.json", "plots", "run.log", "model.net", "model.net.sha256",
+               MODEL_BEST, MODEL_LAST, "class_coverage.json", "plots", "model.net", "model.net.sha256",
                "hardware.json", "lava.json", "lava_layer_spikes.npy", "lava_neuron_spikes.npz", "model.nir",
                "nir.json", "nir_*", "energy*")
 METRICS = "metrics.jsonl"
