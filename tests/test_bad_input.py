@@ -72,8 +72,9 @@ def test_a_section_set_to_a_scalar_is_one_line(capsys):
                     "defaults: remove it instead)")
 
 
+# billion laughs: 9 aliases of 9 aliases ... 9 levels deep, used as a value (9^9 strings when expanded)
 BOMB = "".join(f"{a}: &{a} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['lol'] * 9)}]\n"
-               for p, a in zip(["", *"abcdefgh"], "abcdefghi"))
+               for p, a in zip(["", *"abcdefgh"], "abcdefghi")) + "federation:\n  lr: *i\n"
 
 
 def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path, capsys):
