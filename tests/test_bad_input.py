@@ -5,7 +5,6 @@ and every refusal is one line naming the problem, with exit code 2."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -295,14 +294,15 @@ def refused_load(capsys, name, root, **extra) -> str:
     return refused(capsys, "partition", cfg, "--png", root / "p.png")
 
 
+
 def test_a_data_file_edited_in_place_is_decoded_again(tmp_path):
-    from dataset_files import idx_bytes, write_mnist
+    from dataset_files import dated_later, idx_bytes, write_mnist
 
     ref = write_mnist(tmp_path, 20, 10)
     assert np.array_equal(load("mnist", tmp_path).y_train, ref["y_train"])
     labels = tmp_path / "train-labels-idx1-ubyte"
-    time.sleep(0.02)  # a later modification time than the first write's, at any timestamp granularity
     labels.write_bytes(idx_bytes((ref["y_train"] + 1) % 10))  # same size, other labels
+    dated_later(labels)
     assert np.array_equal(load("mnist", tmp_path).y_train, (ref["y_train"] + 1) % 10)
 
 

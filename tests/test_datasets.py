@@ -8,15 +8,14 @@ import gzip
 import json
 import os
 import pickle
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from dataset_files import (idx_bytes, py2_pickle, write_cifar10, write_cifar100, write_fashion_mnist, write_mnist,
-                           write_svhn)
+from dataset_files import (dated_later, idx_bytes, py2_pickle, write_cifar10, write_cifar100, write_fashion_mnist,
+                           write_mnist, write_svhn)
 from neurofed.data import load_dataset
 from neurofed.data.images import DataFileError
 from neurofed.data.safe_pickle import UnsafePickleError, loads
@@ -98,6 +97,7 @@ def test_svhn_extra_requested_but_absent(tmp_path):
 # --------------------------------------------------------------------------- the cache
 
 
+
 def test_cache_is_memory_mapped_and_keyed_by_the_files_as_they_are(tmp_path):
     ref = write_cifar10(tmp_path / "data", 20, 10, release="binary")
     first = load_dataset(cfg("cifar10", tmp_path / "data", cache=str(tmp_path / "cache")))
@@ -108,8 +108,8 @@ def test_cache_is_memory_mapped_and_keyed_by_the_files_as_they_are(tmp_path):
     assert len(list((tmp_path / "cache").iterdir())) == 1 and np.array_equal(again.x_train, ref["x_train"])
     # Same size, other bytes (a file edited in place, issue 35.6): a new cache of the files as they are now.
     batch = ref["dir"] / "data_batch_1.bin"
-    time.sleep(0.02)  # a later modification time than the first write's, at any timestamp granularity
     batch.write_bytes(bytes(len(batch.read_bytes())))
+    dated_later(batch)
     edited = load_dataset(cfg("cifar10", tmp_path / "data", cache=str(tmp_path / "cache")))
     assert len(list((tmp_path / "cache").iterdir())) == 2
     assert not edited.x_train[:4].any() and np.array_equal(edited.x_train[4:], ref["x_train"][4:])
