@@ -10,9 +10,12 @@ as surely as one in ``federation.lr``.
 from __future__ import annotations
 
 import copy
+import difflib
 import importlib
-import re
+import math
 import numbers
+import re
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -52,8 +55,66 @@ def _mapping_without_duplicates(loader, node, deep=False):
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
 
 
-def yaml_load(text: str):
-    return yaml.load(text, Loader=_Loader)
+# Bounds on what a config may hold: configs are a few kB, three levels deep. Without them
+# a YAML alias bomb (aliases of aliases: 9^9 values from 1 kB) or a 10,000-deep nesting
+# hangs or overflows the stack of whatever walks the values (validation, repr, dump).
+MAX_CONFIG_BYTES = 1 << 20
+MAX_VALUES = 100_000  # values after expanding aliases
+MAX_DEPTH = 64
+MAX_PROBLEMS = 20  # lines of a ConfigError; the rest are counted
+_shown = reprlib.Repr()
+_shown.maxstring, _shown.maxother, _shown.maxlist, _shown.maxdict, _shown.maxlevel = 80, 80, 8, 8, 3
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to a readable length (a 50 MB value is not echoed back whole)."""
+    return _shown.repr(value)
+
+
+def _node_bounds(root) -> str | None:
+    """What is wrong with a composed YAML node graph (aliases counted each time they are used), or None."""
+    sizes: dict[int, int] = {}
+    shared = False  # a node reached twice: an alias
+    # iterative post-order walk: an alias is the same node object reached twice, counted once per use
+    stack = [(root, 1, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"nested more than {MAX_DEPTH} levels deep"
+        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else \
+            node.value if isinstance(node, yaml.SequenceNode) else []
+        if done:
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[id(node)] > MAX_VALUES:
+                return f"holds more than {MAX_VALUES:,} values" + \
+                    (" once its YAML aliases are expanded" if shared else "")
+        elif id(node) in sizes:
+            shared = True
+        else:
+            stack.append((node, depth, True))
+            stack.extend((c, depth + 1, False) for c in children)
+    return None
+
+
+def yaml_load(text: str, what: str = "YAML"):
+    """Parse ``text`` (config, sweep or ``--set`` value) with the config loader, within the
+    bounds above; ConfigError naming ``what`` otherwise."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{what}: {len(text):,} characters; a config holds at most {MAX_CONFIG_BYTES:,}")
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        problem = _node_bounds(node)
+        if problem:
+            raise ConfigError(f"{what}: {problem}; configs are a few levels of keys and values")
+        return loader.construct_document(node)
+    except RecursionError:
+        raise ConfigError(f"{what}: nested more than {MAX_DEPTH} levels deep; configs are a few levels of "
+                          f"keys and values") from None
+    finally:
+        loader.dispose()
 
 
 # The keys of the run itself and of federated training; the sections of components
@@ -130,8 +191,11 @@ def parse_override(item: str) -> tuple[str, Any]:
     key, raw = item.split("=", 1)
     key = key.strip()
     if not key:
-        raise ConfigError(f"--set {item!r}: empty key; expected KEY=VALUE")
-    return key, yaml_load(raw) if raw.strip() else None
+        raise ConfigError(f"--set {shown(item)}: empty key; expected KEY=VALUE")
+    if key.count(".") >= MAX_DEPTH:
+        raise ConfigError(f"--set {shown(key)}: a key {key.count('.') + 1} levels deep; config keys are "
+                          f"section.key (a few levels at most)")
+    return key, yaml_load(raw, f"--set {shown(key)}") if raw.strip() else None
 
 
 def set_dotted(cfg: dict, key: str, value: Any) -> None:
@@ -165,6 +229,8 @@ def number(lo=None, hi=None, *, integer=False, lo_open=False, nullable=False) ->
         kind = numbers.Integral if integer else numbers.Real
         if isinstance(v, bool) or not isinstance(v, kind):
             return f"expected {'an integer' if integer else 'a number'}"
+        if not math.isfinite(v):  # YAML .nan / .inf: every option is a finite number
+            return "expected a finite number"
         if lo is not None and (v <= lo if lo_open else v < lo):
             return f"expected {'>' if lo_open else '>='} {lo}"
         if hi is not None and v > hi:
@@ -317,19 +383,19 @@ def validate(cfg: dict) -> dict:
     for sec in secs.values():
         checks.update(sec.checks())
     own = {name for name, sec in secs.items() if sec.validate is not None}
+    problems.extend(f"{key}: got {shown(value)}; expected a finite number" for key, value in _non_finite(cfg))
+    bad = {p.split(":", 1)[0] for p in problems}
     flat = _flatten({k: v for k, v in cfg.items() if k not in own})
     for key, value in flat.items():
         check = checks.get(key)
         if check is None:
-            allowed = sorted(k for k in checks if k.rsplit(".", 1)[0] == key.rsplit(".", 1)[0])
-            hint = f"; allowed here: {', '.join(allowed)}" if allowed else ""
-            problems.append(f"{key}: unknown key{hint}")
+            problems.append(unknown_key(key, checks))
             continue
-        msg = check(value)
+        msg = None if key in bad else check(value)
         if msg:
-            problems.append(f"{key}: got {value!r}; {msg}")
+            problems.append(f"{key}: got {shown(value)}; {msg}")
     for name in own:
-        problems.extend(secs[name].validate(cfg.get(name, {}), cfg))
+        problems.extend(p for p in secs[name].validate(cfg.get(name, {}), cfg) if p.split(":", 1)[0] not in bad)
 
     if not problems:
         for sec in secs.values():
@@ -338,8 +404,41 @@ def validate(cfg: dict) -> dict:
     if not problems:
         problems.extend(_core_cross_checks(cfg))
     if problems:
-        raise ConfigError("\n".join(problems))
+        raise ConfigError("\n".join(capped(problems)))
     return cfg
+
+
+def unknown_key(key: str, known: Iterable[str]) -> str:
+    """The line for an unknown dotted ``key``: the nearest known key (difflib), and the keys allowed beside it."""
+    known = list(known)
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    allowed = sorted(k for k in known if k.rsplit(".", 1)[0] == key.rsplit(".", 1)[0])
+    if near:
+        return f"{shown(key)[1:-1]}: unknown key; did you mean {near[0]}?"
+    return f"{shown(key)[1:-1]}: unknown key" + (f"; allowed here: {', '.join(allowed)}" if allowed else "")
+
+
+def capped(lines: list[str]) -> list[str]:
+    """The first :data:`MAX_PROBLEMS` lines, each cut to 300 characters, and a count of the rest."""
+    out = [l if len(l) <= 300 else l[:297] + "..." for l in lines[:MAX_PROBLEMS]]
+    if len(lines) > MAX_PROBLEMS:
+        out.append(f"... and {len(lines) - MAX_PROBLEMS:,} more problems (fix these first)")
+    return out
+
+
+def _non_finite(node: Any, prefix: str = ""):
+    """(dotted key, value) of every NaN or infinite float in ``node``, inside lists too."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _non_finite(v, f"{prefix}{k}.")
+    elif isinstance(node, (list, tuple)):
+        for v in node:
+            if isinstance(v, float) and not math.isfinite(v):
+                yield prefix[:-1], node
+                return
+            yield from _non_finite(v, prefix)
+    elif isinstance(node, float) and not math.isfinite(node):
+        yield prefix[:-1], node
 
 
 def resolve(cfg: dict) -> dict:
@@ -358,8 +457,11 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), d
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} not found")
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {str(path)!r}: {path.stat().st_size:,} bytes; a config holds at most "
+                              f"{MAX_CONFIG_BYTES:,}")
         try:
-            cfg = yaml_load(path.read_text())
+            cfg = yaml_load(path.read_text(), f"config file {str(path)!r}")
         except yaml.YAMLError as exc:
             first = str(exc).splitlines()[0]
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {first}") from None
@@ -368,16 +470,22 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), d
                               f"sections you mean (see examples/digits_fedavg.yaml)")
         if not isinstance(cfg, dict):
             raise ConfigError(f"config file {str(path)!r}: expected a mapping of sections at top level")
-        sections = [k for k, v in defaults().items() if isinstance(v, dict) and k in cfg and not isinstance(cfg[k], dict)]
-        if sections:
-            raise ConfigError("\n".join(f"{k}: got {cfg[k]!r}; expected a mapping of keys (an empty section runs "
-                                         f"its defaults: remove it instead)" for k in sections))
+        _check_sections(cfg)
     if data:
         cfg = deep_merge(cfg, data)
     for item in overrides:
         key, value = parse_override(item) if isinstance(item, str) else item
         set_dotted(cfg, key, value)
+    _check_sections(cfg)  # e.g. --set algorithm=3
     return validate(resolve(cfg))
+
+
+def _check_sections(cfg: dict) -> None:
+    """A section given as something other than a mapping of keys: refused before anything reads its keys."""
+    sections = [k for k, v in defaults().items() if isinstance(v, dict) and k in cfg and not isinstance(cfg[k], dict)]
+    if sections:
+        raise ConfigError("\n".join(f"{k}: got {shown(cfg[k])}; expected a mapping of keys (an empty section "
+                                     f"runs its defaults: remove it instead)" for k in sections))
 
 
 def dump_config(cfg: dict, path: str | Path) -> None:

@@ -40,8 +40,115 @@ MODEL_LAST = "model_last.npz"
 MODEL_BEST = "model_best.npz"
 
 
+# Every file a run and its after-training steps write into the run directory (the names
+# hold a "*" where a step writes one per option). A run started without --resume refuses
+# a directory holding any of them: the rule "an existing run is never overwritten" must
+# hold for each file, not only for the checkpoint.
+RUN_OUTPUTS = ("config.yaml", "partition.json", "metrics.jsonl", "summary.json", CHECKPOINT, LEGACY_CHECKPOINT,
+               MODEL_BEST, MODEL_LAST, "class_coverage.json", "plots", "model.net", "model.net.sha256",
+               "hardware.json", "lava.json", "lava_layer_spikes.npy", "lava_neuron_spikes.npz", "model.nir",
+               "nir.json", "nir_*", "energy*")
+METRICS = "metrics.jsonl"
+
+
 class RunFileError(ConfigError):
     """A run file cannot be read: one line naming the file and the problem."""
+
+
+def run_outputs_in(run_dir: Path) -> list[str]:
+    """The names in ``run_dir`` that a run would write (:data:`RUN_OUTPUTS`), sorted."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    return sorted({p.name for pattern in RUN_OUTPUTS for p in run_dir.glob(pattern)})
+
+
+def check_out_dir(out: Path, flag: str = "--out") -> None:
+    """``out`` is a folder or can become one: one line (not a FileExistsError) otherwise."""
+    out = Path(out)
+    for p in (out, *out.parents):
+        if p.exists() and not p.is_dir():
+            where = "is a file" if p == out else f"lies below {p}, which is a file"
+            raise RunFileError(f"{flag} {out}: {where}; expected a folder (new, or one neurofed wrote)")
+        if p.is_dir():
+            break
+
+
+def read_run_config(run_dir: Path) -> dict:
+    """``RUN_DIR/config.yaml`` as the run wrote it, defaults filled and validated like any
+    config (a run directory may come from someone else); RunFileError naming the file."""
+    from neurofed.config import resolve, validate, yaml_load
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise RunFileError(f"{run_dir}: no config.yaml; expected the directory of a finished `neurofed run`")
+    try:
+        cfg = yaml_load(path.read_text(errors="replace"), str(path))
+    except ConfigError as exc:
+        raise RunFileError(str(exc)) from None
+    except Exception as exc:  # yaml.YAMLError
+        raise RunFileError(f"{path}: not valid YAML ({exc})".splitlines()[0]) from None
+    if not isinstance(cfg, dict):
+        raise RunFileError(f"{path}: holds a {type(cfg).__name__}; expected the mapping of sections a run writes")
+    try:
+        return validate(resolve(cfg))
+    except ConfigError as exc:
+        raise RunFileError(f"{path}: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # a section that is not a mapping, read by a component's resolve
+        raise RunFileError(f"{path}: not a run's config ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+
+
+# --------------------------------------------------------------------------- metrics.jsonl
+
+
+def append_metrics(run_dir: Path, record: dict) -> None:
+    """Append one round's line to ``metrics.jsonl`` in one write, flushed to disk before the
+    checkpoint of that round is written: a kill leaves at most a half line *after* the
+    checkpoint's round, which :func:`read_metrics` drops."""
+    line = (json.dumps(record) + "\n").encode()
+    fd = os.open(Path(run_dir) / METRICS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_metrics(run_dir: Path, upto: int) -> tuple[list[dict], list[str]]:
+    """The lines of ``metrics.jsonl`` of rounds 1..``upto`` (the checkpoint's round), and notes
+    on what was dropped: a half-written last line (a kill mid-write) and lines of rounds
+    past the checkpoint are recomputed by the resumed run. A damaged line inside the file
+    is a RunFileError naming it."""
+    path = Path(run_dir) / METRICS
+    if not path.exists():
+        return [], []
+    lines = path.read_bytes().split(b"\n")
+    history, notes = [], []
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+            if not isinstance(record, dict) or not isinstance(record.get("round"), int):
+                raise ValueError("no round number")
+        except ValueError:
+            if any(l.strip() for l in lines[i + 1:]):
+                raise RunFileError(f"{path}: line {i + 1} is not a round's JSON record (damaged file); "
+                                   f"expected one JSON object per round") from None
+            notes.append(f"{path}: dropped a half-written last line (a kill mid-write); the run recomputes "
+                         f"the rounds after {upto} from the checkpoint")
+            break
+        history.append(record)
+    past = [h["round"] for h in history if h["round"] > upto]
+    history = [h for h in history if h["round"] <= upto]
+    if past:
+        notes.append(f"{path}: dropped the lines of rounds {', '.join(map(str, past))}, past the checkpoint's "
+                     f"round {upto}; they are recomputed")
+    missing = sorted(set(range(1, upto + 1)) - {h["round"] for h in history})
+    if missing:
+        notes.append(f"{path}: holds no line for rounds {', '.join(map(str, missing))} (of the {upto} the "
+                     f"checkpoint completed); the summary counts the rounds it holds")
+    return history, notes
 
 
 # --------------------------------------------------------------------------- encoding

@@ -26,11 +26,19 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import pickle
 import struct
 from pathlib import Path
 
 import numpy as np
+
+
+def dated_later(path) -> None:
+    """Date ``path`` a second after it was written, as an edit made later is, so that a test
+    of an in-place edit does not depend on the file system's timestamp granularity."""
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
 
 
 def _images(rng, n: int, shape) -> np.ndarray:

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from dataset_files import (idx_bytes, py2_pickle, write_cifar10, write_cifar100, write_fashion_mnist, write_mnist,
-                           write_svhn)
+from dataset_files import (dated_later, idx_bytes, py2_pickle, write_cifar10, write_cifar100, write_fashion_mnist,
+                           write_mnist, write_svhn)
 from neurofed.data import load_dataset
 from neurofed.data.images import DataFileError
 from neurofed.data.safe_pickle import UnsafePickleError, loads
@@ -97,21 +97,27 @@ def test_svhn_extra_requested_but_absent(tmp_path):
 # --------------------------------------------------------------------------- the cache
 
 
-def test_cache_is_memory_mapped_and_keyed_by_file_sizes(tmp_path):
+
+def test_cache_is_memory_mapped_and_keyed_by_the_files_as_they_are(tmp_path):
     ref = write_cifar10(tmp_path / "data", 20, 10, release="binary")
     first = load_dataset(cfg("cifar10", tmp_path / "data", cache=str(tmp_path / "cache")))
     folders = list((tmp_path / "cache").iterdir())
     assert len(folders) == 1 and (folders[0] / "x_train.npy").is_file()
     assert isinstance(first.x_train, np.memmap) and Path(first.x_train.filename) == folders[0] / "x_train.npy"
-    # Same sizes, other bytes: the cache answers (the files are not read again).
+    again = load_dataset(cfg("cifar10", tmp_path / "data", cache=str(tmp_path / "cache")))
+    assert len(list((tmp_path / "cache").iterdir())) == 1 and np.array_equal(again.x_train, ref["x_train"])
+    # Same size, other bytes (a file edited in place, issue 35.6): a new cache of the files as they are now.
     batch = ref["dir"] / "data_batch_1.bin"
     batch.write_bytes(bytes(len(batch.read_bytes())))
-    again = load_dataset(cfg("cifar10", tmp_path / "data", cache=str(tmp_path / "cache")))
-    assert np.array_equal(again.x_train, ref["x_train"])
+    dated_later(batch)
+    edited = load_dataset(cfg("cifar10", tmp_path / "data", cache=str(tmp_path / "cache")))
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+    assert not edited.x_train[:4].any() and np.array_equal(edited.x_train[4:], ref["x_train"][4:])
+    assert not edited.y_train[:4].any()  # data_batch_1's 4 records, zeroed
     # Another size: a new cache is built from the files as they are now.
     batch.write_bytes(batch.read_bytes()[:3073])
     rebuilt = load_dataset(cfg("cifar10", tmp_path / "data", cache=str(tmp_path / "cache")))
-    assert len(list((tmp_path / "cache").iterdir())) == 2
+    assert len(list((tmp_path / "cache").iterdir())) == 3
     assert len(rebuilt.y_train) == 20 - 4 + 1  # data_batch_1 held 4 of the 20, now 1
     assert not rebuilt.x_train[0].any()  # the zeroed record
 

@@ -14,6 +14,7 @@ loop in :mod:`neurofed.fl.train`).
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from neurofed.config import shown
 from neurofed.fl.params import ParamSpec
 from neurofed.fl.seeds import seed_for
 from neurofed.fl.train import label_counts, make_optimizer, train_local
@@ -293,10 +295,12 @@ class Algorithm:
                 continue
             if key not in cls.config_defaults:
                 allowed = ", ".join(sorted(cls.config_defaults)) or "none"
-                problems.append(f"algorithm.{key}: unknown key for {cls.name}; allowed: {allowed}")
+                near = difflib.get_close_matches(str(key), list(cls.config_defaults), n=1, cutoff=0.75)
+                hint = f" did you mean algorithm.{near[0]}?" if near else ""
+                problems.append(f"algorithm.{key}: unknown key for {cls.name};{hint} allowed: {allowed}")
                 continue
             check = cls.config_checks.get(key)
             msg = check(value) if check else None
             if msg:
-                problems.append(f"algorithm.{key}: got {value!r}; {msg}")
+                problems.append(f"algorithm.{key}: got {shown(value)}; {msg}")
         return problems

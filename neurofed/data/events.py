@@ -44,6 +44,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -158,16 +159,39 @@ def _cache_root(opts: dict, data_dir: Path | None) -> Path:
     return cache_root(opts["cache"], data_dir)
 
 
+# What one sample file of each set must hold, for the message naming a file that does not.
+SAMPLE_FORMAT = {
+    "nmnist": "N-MNIST's 40-bit-per-event .bin recording",
+    "dvsgesture": "an (N, 4) integer array of x < 128, y < 128, p in {0, 1}, t in ms (tonic's preprocessed "
+                  "DVS128 Gesture), saved by numpy",
+    "cifar10dvs": "a CIFAR10-DVS AEDAT 4 recording of a 128x128 sensor",
+}
+
+
+def _sample_file(samples, i: int) -> str:
+    """The file sample ``i`` of ``samples`` is read from (tonic keeps the paths in ``data``)."""
+    if isinstance(samples, _Subset):
+        return _sample_file(samples.ds, int(samples.indices[i]))
+    paths = getattr(samples, "data", None)
+    return str(paths[i]) if isinstance(paths, list) and i < len(paths) else f"sample {i}"
+
+
 def _bin_split(path: Path, samples, pipeline: EventFrames, what: str) -> np.ndarray:
-    """Bin every sample of ``samples`` into a uint8 .npy at ``path``; return the labels."""
+    """Bin every sample of ``samples`` into a uint8 .npy at ``path``; return the labels.
+    A sample that cannot be read or binned is one line naming its file."""
     n = len(samples)
     x = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(n, *pipeline.shape))
     y = np.empty(n, dtype=np.int64)
     step = max(n // 10, 1)
+    expected = SAMPLE_FORMAT.get(what.split()[0], "an event recording")
     for i in range(n):
-        events, label = samples[i]
-        x[i] = pipeline(events)
-        y[i] = label
+        try:
+            events, label = samples[i]
+            x[i] = pipeline(events)
+            y[i] = label
+        except Exception as exc:  # truncated, object-array or wrongly shaped file: name it, not the symptom
+            raise ValueError(f"{_sample_file(samples, i)}: cannot be read ({type(exc).__name__}: {exc}); "
+                             f"expected {expected}".replace("\n", " ")) from None
         if (i + 1) % step == 0 and n >= 1000:
             log.info("%s: binned %d/%d samples", what, i + 1, n)
     x.flush()
@@ -234,6 +258,8 @@ class _LocalSet:
     num_classes: int
     layout: str  # the expected files, relative to data.root, for error messages
     required: tuple[tuple[str, str], ...]  # (glob under <tonic_class>/, what it is) that must match
+    # (folder, sample file) patterns under a split folder that tonic parses the names of
+    names: tuple[str, str] | None = None
 
     def folder(self, root) -> tuple[Path, Path]:
         """(save_to for tonic, the data set folder) for ``data.root``."""
@@ -257,8 +283,27 @@ class _LocalSet:
                 "neurofed never downloads data sets: copy the published files there)"
             )
 
+    def check_names(self, save_to: Path) -> None:
+        """Every folder and sample file under the split folders is named as tonic parses
+        it (``user<NN>_<lighting>/<label>.npy`` for DVS128 Gesture): one line naming the
+        first that is not, before tonic reads the names."""
+        if self.names is None:
+            return
+        folder_rule, file_rule = (re.compile(r) for r in self.names)
+        base = save_to / self.tonic_class
+        for split in sorted({pattern.split("/")[0] for pattern, _ in self.required}):
+            for path in sorted((base / split).rglob("*")):
+                rel = path.relative_to(base / split).as_posix()
+                bad_folder = path.is_dir() and not folder_rule.fullmatch(rel.split("/")[0])
+                bad_file = path.is_file() and path.name.endswith("npy") and not (
+                    file_rule.fullmatch(rel) and int(file_rule.fullmatch(rel).group(1)) < self.num_classes)
+                if bad_folder or bad_file:
+                    raise ValueError(f"{path}: not a {self.title} {'folder' if bad_folder else 'sample'} name; "
+                                     f"expected {self.layout}")
+
     def dataset(self, save_to: Path, **kwargs):
         """tonic's dataset class for this set, with downloading disabled, samples sorted by path."""
+        self.check_names(save_to)
         ds = _offline(self.tonic_class)(str(save_to), **kwargs)
         order = sorted(range(len(ds.data)), key=lambda i: ds.data[i])
         for attr in ("data", "targets", "users", "lighting"):
@@ -302,10 +347,12 @@ class _Subset:
 
 
 def _fingerprint(save_to: Path, paths: Sequence[str]) -> str:
-    """Hash of the data files' relative paths and sizes (keys the cache to the data on disk)."""
+    """Hash of the data files' relative paths, sizes and modification times (keys the
+    cache to the data on disk: a file replaced or edited in place rebuilds it)."""
     h = hashlib.sha256()
     for p in sorted(paths):
-        h.update(f"{os.path.relpath(p, save_to)}\0{os.path.getsize(p)}\n".encode())
+        st = os.stat(p)
+        h.update(f"{os.path.relpath(p, save_to)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()[:16]
 
 
@@ -322,6 +369,7 @@ DVSGESTURE = _LocalSet(
     "(tonic's preprocessed DVS128 Gesture: per gesture an (N, 4) array of x, y, p, t in ms)",
     (("ibmGestureTrain/user*_*/*.npy", "DVSGesture/ibmGestureTrain/user<NN>_<lighting>/*.npy"),
      ("ibmGestureTest/user*_*/*.npy", "DVSGesture/ibmGestureTest/user<NN>_<lighting>/*.npy")),
+    (r"user\d+_.+", r"user\d+_[^/]+/(\d+)\.npy"),
 )
 CIFAR10DVS = _LocalSet(
     "cifar10dvs", "CIFAR10-DVS", "CIFAR10DVS", 10,

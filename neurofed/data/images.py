@@ -5,8 +5,11 @@ Registered data sets (``data.name``) and the layouts looked for under ``data.roo
 
 - ``mnist``, ``fashion_mnist``: the four IDX files ``train-images-idx3-ubyte``,
   ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``, ``t10k-labels-idx1-ubyte``
-  (each raw or ``.gz``), directly in ``data.root`` or in torchvision's
-  ``<root>/MNIST/raw/`` (``<root>/FashionMNIST/raw/``). 1x28x28, 60,000 / 10,000.
+  (each raw or ``.gz``; also dotted, ``train-images.idx3-ubyte``, as many copies name
+  them; also Kaggle's unzipped ``train-images-idx3-ubyte/train-images-idx3-ubyte``),
+  directly in ``data.root``, in torchvision's ``<root>/MNIST/raw/``
+  (``<root>/FashionMNIST/raw/``) or in ``<root>/mnist/`` (``<root>/fashion-mnist/``,
+  ``fashion_mnist/``, ``fashion/``). 1x28x28, 60,000 / 10,000.
 - ``cifar10``: the python release ``<root>/cifar-10-batches-py/{data_batch_1..5,
   test_batch}`` (pickles, read by :mod:`neurofed.data.safe_pickle`, which runs nothing)
   or the binary release ``<root>/cifar-10-batches-bin/{data_batch_1..5,test_batch}.bin``
@@ -22,9 +25,14 @@ Registered data sets (``data.name``) and the layouts looked for under ``data.roo
 
 ``data.root`` may also be the release folder itself (e.g. ``.../cifar-10-batches-py``).
 
+Before the first decode the files are identified (:mod:`neurofed.data.identify`: the
+published MD5s, and for MNIST / Fashion-MNIST the first labels): another data set's
+files are refused, files that cannot be verified load with a warning and are recorded
+(``info["files_identified"]``, the run's ``summary.json``).
+
 The files are decoded once into uint8 ``.npy`` arrays (N, C, H, W) in a cache folder
 (:mod:`neurofed.data.cache`: ``data.cache``, default ``<files' folder>/.neurofed_cache``)
-keyed by the files' names and sizes; every later load memory-maps them, so a run
+keyed by the files' names, sizes and modification times; every later load memory-maps them, so a run
 starts in seconds and all clients share one uint8 copy of the images. Pixels become
 floats only per batch, in the encoder (:mod:`neurofed.data.encoding`).
 """
@@ -42,11 +50,12 @@ import numpy as np
 
 from neurofed.data import register_dataset
 from neurofed.data.base import Dataset
-from neurofed.data.cache import build_cached, cache_dir, cache_root, file_sizes, load_cached
+from neurofed.data.identify import warn_unverified
+from neurofed.data.cache import build_cached, cache_dir, cache_root, file_stamps, load_cached
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1  # bump when the arrays decoded from the same files change
+FORMAT_VERSION = 2  # bump when the arrays decoded from the same files change (2: files identified)
 NEVER_DOWNLOADS = "neurofed never downloads data sets: copy the published files there"
 
 # A reader maps the found files (role -> path) and the options to, per split, a list
@@ -174,6 +183,8 @@ def _idx_pair(files: dict, split: str, prefix: str, num_classes: int) -> tuple[n
     y = read_idx(files[f"{split}_labels"], 1)
     if x.shape[1:] != (28, 28):
         raise _malformed(files[f"{split}_images"], f"images of {x.shape[1]}x{x.shape[2]}", "28x28 images")
+    if len(x) == 0:
+        raise _malformed(files[f"{split}_images"], "0 images", f"the {split} split's images (at least one)")
     if len(x) != len(y):
         raise _malformed(files[f"{split}_labels"], f"{len(y)} labels for {len(x)} images in "
                          f"{files[f'{split}_images'].name}", f"one label per image of {prefix}")
@@ -195,26 +206,48 @@ def _count_idx(files: dict) -> dict:
             for split in ("train", "test")}
 
 
+FINGERPRINT_LABELS = 10
+
+
+def _first_labels(files: dict) -> dict:
+    """The first labels of the train and test label files (the content fingerprint of
+    :mod:`neurofed.data.identify`)."""
+    out = {}
+    for role in ("train_labels", "test_labels"):
+        raw = _idx_bytes(files[role], 8 + FINGERPRINT_LABELS)
+        _idx_header(raw, files[role], 1)
+        out[role] = list(raw[8:])
+    return out
+
+
 def _idx_files() -> dict:
+    """Each IDX file under the names it is distributed with: the publisher's, raw or .gz;
+    the dotted ``train-images.idx3-ubyte`` of many copies (Kaggle's MNIST); and Kaggle's
+    unzipped layout, a folder of the file's name holding the file."""
     names = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
              "test_images": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}
-    return {role: (n, n + ".gz") for role, n in names.items()}
+    out = {}
+    for role, n in names.items():
+        dotted = n.replace("-idx", ".idx")
+        out[role] = tuple(v for m in (n, dotted) for v in (m, m + ".gz", f"{m}/{m}"))
+    return out
 
 
 def _idx_layout(torchvision: str) -> str:
     return ("the four IDX files train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
-            f"t10k-labels-idx1-ubyte (each raw or .gz) directly in data.root or in <root>/{torchvision}/raw/ "
-            "(torchvision's layout)")
+            "t10k-labels-idx1-ubyte (each raw or .gz, or dotted as train-images.idx3-ubyte) directly in data.root, "
+            f"in <root>/{torchvision}/raw/ (torchvision's layout) or in <root>/{torchvision.lower()}/")
 
 
 MNIST = ImageSet(
     "mnist", "MNIST", (1, 28, 28), 10, (60_000, 10_000),
-    (Release("IDX files", ("", "MNIST/raw"), _idx_files(), _read_mnist_like, _count_idx),),
+    (Release("IDX files", ("", "MNIST/raw", "MNIST", "mnist"), _idx_files(), _read_mnist_like, _count_idx),),
     _idx_layout("MNIST"),
 )
 FASHION_MNIST = ImageSet(
     "fashion_mnist", "Fashion-MNIST", (1, 28, 28), 10, (60_000, 10_000),
-    (Release("IDX files", ("", "FashionMNIST/raw"), _idx_files(), _read_mnist_like, _count_idx),),
+    (Release("IDX files", ("", "FashionMNIST/raw", "FashionMNIST", "fashionmnist", "fashion-mnist", "fashion_mnist",
+                           "fashion"), _idx_files(), _read_mnist_like, _count_idx),),
     _idx_layout("FashionMNIST"),
     ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"),
 )
@@ -261,8 +294,9 @@ def _cifar_binary(path: Path, label_bytes: int) -> tuple[np.ndarray, np.ndarray]
 
 
 def _check_labels(path: Path, y: np.ndarray, k: int, what: str) -> None:
-    if len(y) and int(y.max()) >= k:
-        raise _malformed(path, f"{what} label {int(y.max())}", f"{what} labels 0-{k - 1}")
+    bad = y[(y < 0) | (y >= k)] if len(y) else y
+    if len(bad):
+        raise _malformed(path, f"{what} label {int(bad[0])}", f"{what} labels 0-{k - 1}")
 
 
 CIFAR10_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
@@ -462,23 +496,32 @@ def load_image_set(spec: ImageSet, data_cfg: dict) -> Dataset:
         raise DataFileError(f"data.svhn_extra: true but no extra_32x32.mat in {str(folder)!r}; "
                             f"expected {spec.layout} ({NEVER_DOWNLOADS})")
     key = {"dataset": spec.name, "format": FORMAT_VERSION, "release": release.name,
-           "files": file_sizes(folder, used.values()), "svhn_extra": opts["svhn_extra"]}
+           "files": file_stamps(folder, used.values()), "svhn_extra": opts["svhn_extra"]}
     target = cache_dir(cache_root(opts["cache"], folder), spec.name, key)
     if not (target / "meta.json").is_file():
         log.info("%s: decoding the %s in %s into %s (once)", spec.name, release.name, folder, target)
 
         def build(tmp: Path) -> dict:
+            identity = identify_files(spec, used)  # before decoding: another set's files are refused
             chunks = release.read(used, opts)
-            return {"splits": {s: _write_split(tmp, s, c, spec.shape) for s, c in chunks.items()}}
+            splits = {s: _write_split(tmp, s, c, spec.shape) for s, c in chunks.items()}
+            empty = [s for s, meta in splits.items() if meta["n"] == 0]
+            if empty:
+                raise DataFileError(f"{folder}: the {empty[0]} split of its {spec.title} {release.name} holds 0 "
+                                    f"images; expected {spec.layout}")
+            return {"splits": splits, "identity": identity}
 
         build_cached(target, key, build)
+    identity = json.loads((target / "meta.json").read_text()).get("identity", {})
+    warn_unverified(spec.name, spec.title, folder, identity)
     # copy-on-write maps: writable for torch.from_numpy, yet nothing is ever written back
     arrays = load_cached(target, mmap_mode="c")
     num_classes, label_set = spec.num_classes, ""
     if spec.name == "cifar100" and opts["cifar100_labels"] == "coarse":
         num_classes, label_set = 20, "_coarse"
     info = {"synthetic": False, "source": spec.title, "release": release.name, "data_dir": str(folder),
-            "cache": str(target), "labels": opts["cifar100_labels"] if spec.name == "cifar100" else "class",
+            "cache": str(target), "files_identified": identity,
+            "labels": opts["cifar100_labels"] if spec.name == "cifar100" else "class",
             "class_names": list(spec.class_names) if spec.class_names and not label_set else None}
     if spec.name == "svhn":
         info["svhn_extra"] = opts["svhn_extra"]
@@ -497,13 +540,24 @@ def describe(spec: ImageSet, root) -> dict:
         return {**missing, "problem": str(exc) if "incomplete" in str(exc) else None}
     try:
         counts = release.count(files)
+        identity = identify_files(spec, files)
     except DataFileError as exc:
         return {**missing, "problem": str(exc)}
-    where = f"{folder} ({release.name}{', with extra' if 'extra' in files else ''})"
+    unverified = f"; not verified as {spec.title}'s: {', '.join(identity['unverified'])}" \
+        if identity["unverified"] else ""
+    where = f"{folder} ({release.name}{', with extra' if 'extra' in files else ''}{unverified})"
     row.update(found=True, where=where, train=counts["train"], test=counts["test"], sizes_from="files")
     if "extra" in counts:
         row["extra"] = counts["extra"]
     return row
+
+
+def identify_files(spec: ImageSet, files: dict) -> dict:
+    """:func:`neurofed.data.identify.identify` for ``spec``'s found files (role -> path)."""
+    from neurofed.data.identify import identify
+
+    labels = _first_labels(files) if spec.name in ("mnist", "fashion_mnist") else None
+    return identify(spec.name, {s.name: s.title for s in IMAGE_SETS.values()}, files, labels)
 
 
 def _register(spec: ImageSet):

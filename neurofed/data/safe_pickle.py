@@ -4,8 +4,10 @@ The CIFAR python release (``cifar-10-batches-py/``, ``cifar-100-python/``) is a 
 Python 2 pickles of dicts holding byte strings, lists of ints and one uint8 numpy
 array. An ordinary ``pickle.load`` would call whatever global a file names (a crafted
 file can run a shell command); :func:`load` resolves only the globals numpy's own array
-pickles reference and refuses any other before calling anything, then checks that
-what came out holds only plain data.
+pickles reference (at any protocol: Python 2's, Python 3's protocol 2 with its
+``_codecs.encode`` bytes, protocol 5's ``_frombuffer``), each through a wrapper that
+builds arrays only from bytes the file holds, refuses any other global before calling
+anything, then checks that what came out holds only plain data.
 """
 
 from __future__ import annotations
@@ -32,13 +34,58 @@ def _no_objects(dtype_like, *args):
     return dt
 
 
+class _NdarrayName:
+    """What the name ``numpy.ndarray`` in a pickle resolves to: the argument numpy's own
+    array pickles pass to ``_reconstruct``, never a constructor (``ndarray(shape)`` would
+    hand back uninitialised memory of any size the file declares)."""
+
+    def __call__(self, *args, **kwargs):
+        raise UnsafePickleError(f"refused a call to numpy.ndarray{shown(args)}: it allocates memory the file "
+                                f"does not hold; array data must come from the file's bytes")
+
+
+_NDARRAY = _NdarrayName()
+
+
+def _reconstruct(subtype, shape, dtype):
+    """numpy's array pickles start from an empty array (``ndarray.__reduce__`` writes shape
+    (0,)); their ``__setstate__`` then fills it from bytes that numpy checks against the
+    shape. Any other shape would be uninitialised memory of the file's choosing."""
+    if subtype is not _NDARRAY or tuple(shape) != (0,):
+        raise UnsafePickleError(f"refused numpy _reconstruct of shape {shown(shape)}: array data must come from "
+                                f"the file's bytes")
+    return _RECONSTRUCT(np.ndarray, (0,), dtype)
+
+
+def _frombuffer(buf, dtype, shape, order):
+    """Protocol 5's array pickles (``numpy.core.numeric._frombuffer``): the array is the
+    file's bytes; numpy refuses a buffer whose size does not match the shape."""
+    return np.frombuffer(buf, dtype=_no_objects(dtype)).reshape(shape, order=order)
+
+
+def _latin1(text, encoding):
+    """How Python 3 writes ``bytes`` at protocol <= 2: ``_codecs.encode(str, 'latin1')``."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise UnsafePickleError(f"refused _codecs.encode({shown(text)}, {shown(encoding)}): only latin1 bytes")
+    return text.encode("latin1")
+
+
+def shown(value) -> str:
+    import reprlib
+
+    return reprlib.repr(value)
+
+
 ALLOWED_GLOBALS = {
-    ("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,
-    ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,
+    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy.core.multiarray", "scalar"): _SCALAR,
     ("numpy._core.multiarray", "scalar"): _SCALAR,
-    ("numpy", "ndarray"): np.ndarray,
+    ("numpy.core.numeric", "_frombuffer"): _frombuffer,
+    ("numpy._core.numeric", "_frombuffer"): _frombuffer,
+    ("numpy", "ndarray"): _NDARRAY,
     ("numpy", "dtype"): _no_objects,
+    ("_codecs", "encode"): _latin1,
 }
 PLAIN = (dict, list, tuple, bytes, str, int, float, bool, type(None), np.ndarray, np.generic)
 
@@ -79,8 +126,8 @@ def loads(data: bytes, what: str = "pickle"):
     """Unpickle ``data`` allowing only plain data and numpy arrays; ``what`` names it in errors."""
     try:
         obj = _Unpickler(io.BytesIO(data), what).load()
-    except UnsafePickleError:
-        raise
+    except UnsafePickleError as exc:
+        raise UnsafePickleError(str(exc) if str(exc).startswith(what) else f"{what}: {exc}") from None
     except Exception as exc:  # truncated or not a pickle at all
         raise ValueError(f"{what}: not a readable pickle ({type(exc).__name__}: {exc})".splitlines()[0]) from None
     _check_plain(obj, what)

@@ -21,13 +21,42 @@ from typing import NamedTuple
 import h5py
 import numpy as np
 import torch
-import yaml
 
 from neurofed.deploy import DeployError
 from neurofed.deploy.constraints import DEFAULT_PROFILE, ConstraintReport, check_model
 
 NET_FILE = "model.net"
 FORMAT = "neurofed-netx-1"
+# The SHA-256 of model.net recorded at export, beside it (``sha256sum -c`` reads it):
+# a network altered afterwards (weights changed, a layer cut) is refused before Lava runs it.
+DIGEST_SUFFIX = ".sha256"
+
+
+def digest_file(path: Path) -> Path:
+    return Path(path).with_name(Path(path).name + DIGEST_SUFFIX)
+
+
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_net_digest(path: Path) -> None:
+    """``path`` is the network ``neurofed export`` wrote: its SHA-256 is the one recorded then."""
+    path = Path(path)
+    recorded = digest_file(path).read_text().split()[:1] if digest_file(path).is_file() else []
+    if not recorded:
+        raise DeployError(f"{path}: no digest recorded at export ({digest_file(path).name}); "
+                          f"re-create it with `neurofed export {path.parent}`")
+    if file_sha256(path) != recorded[0]:
+        raise DeployError(f"{path}: SHA-256 differs from the one recorded at export ({digest_file(path).name}): "
+                          f"the network was changed after `neurofed export`; re-create it with "
+                          f"`neurofed export {path.parent}`")
 
 
 class RunModel(NamedTuple):
@@ -74,18 +103,14 @@ def load_global_model(run_dir: str | Path, dataset=None, model_round: str | int 
     The dataset is loaded (or pass it) because the model's input shape and class
     count come from it.
     """
-    from neurofed.config import resolve
     from neurofed.data import load_dataset
     from neurofed.fl.params import ParamSpec
     from neurofed.models import build_run_model
-    from neurofed.runfiles import load_state
+    from neurofed.runfiles import load_state, read_run_config
 
     run_dir = Path(run_dir)
-    cfg_path = run_dir / "config.yaml"
-    if not cfg_path.is_file():
-        raise DeployError(f"{run_dir}: no config.yaml; expected the directory of a finished `neurofed run`")
+    cfg = read_run_config(run_dir)  # as the run wrote it, defaults filled, validated
     path = model_file(run_dir, model_round)
-    cfg = resolve(yaml.safe_load(cfg_path.read_text()) or {})  # as the run wrote it, defaults filled
     state = load_state(path, "model")
     params = state.get("params") if isinstance(state, dict) else None
     if not isinstance(params, np.ndarray) or params.dtype != np.float32 or params.ndim != 1:
@@ -187,6 +212,9 @@ def export_model(model: torch.nn.Module, path: str | Path, meta: dict | None = N
             else:
                 block.export_hdf5(group)
     os.replace(tmp, path)
+    tmp = digest_file(path).with_name(digest_file(path).name + ".tmp")
+    tmp.write_text(f"{file_sha256(path)}  {path.name}\n")
+    os.replace(tmp, digest_file(path))
     return report
 
 

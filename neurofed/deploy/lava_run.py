@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from neurofed.deploy import DeployError
-from neurofed.deploy.export import NET_FILE, export_run, load_global_model, read_net
+from neurofed.deploy.export import (NET_FILE, check_net_digest, digest_file, export_run, load_global_model,
+                                   read_net)
 from neurofed.fl.seeds import seed_for
 
 BACKENDS = ("fixed_pt", "loihi2")
@@ -296,8 +297,9 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     model, cfg, ds, rnd = load_global_model(run_dir, model_round=model_round)
     check_encoding(cfg["data"])
     net_path = run_dir / NET_FILE
-    if not net_path.exists() or read_net(net_path).get("round") != rnd:
+    if not net_path.exists() or not digest_file(net_path).exists() or read_net(net_path).get("round") != rnd:
         export_run(run_dir, quiet=quiet, model_round=rnd)
+    check_net_digest(net_path)
     read_net(net_path, model)
 
     n = min(samples, len(ds.y_test))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -35,14 +36,18 @@ from neurofed.fl.privacy import SEEDED, Accountant
 from neurofed.fl.seeds import rng_for, seed_for
 from neurofed.fl.train import evaluate
 from neurofed.models import build_model, build_run_model
-from neurofed.runfiles import (CHECKPOINT, LEGACY_CHECKPOINT, MODEL_BEST, MODEL_LAST, legacy_checkpoint_error,
-                               load_state, save_state)
+from neurofed.runfiles import (CHECKPOINT, LEGACY_CHECKPOINT, MODEL_BEST, MODEL_LAST, append_metrics, check_out_dir,
+                               legacy_checkpoint_error, load_state, read_metrics, run_outputs_in, save_state)
 
 RUN_FILES = ("metrics.jsonl", "summary.json", CHECKPOINT, LEGACY_CHECKPOINT)
 
 
 class RunDirError(ConfigError):
     """The run directory cannot be used as asked (exists without --resume, etc.)."""
+
+
+class RunFailedError(ConfigError):
+    """The run finished but did not train: no client's update was ever aggregated."""
 
 
 def load_partitioned(cfg: dict) -> tuple:
@@ -331,14 +336,23 @@ def config_differences(saved: dict, current: dict) -> list[str]:
 
 
 def prepare_run_dir(out: Path, cfg: dict, resume: bool) -> dict | None:
-    """Create or reopen ``out``; return the checkpoint state when resuming."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Create or reopen ``out``; return the checkpoint state when resuming.
+
+    Nothing a run would write may already be there unless it continues that run from
+    its checkpoint: without ``--resume`` any such file is refused, and ``--resume``
+    without a checkpoint starts afresh only in a folder that holds none of them."""
+    check_out_dir(out)
     ckpt = out / CHECKPOINT
+    existing = run_outputs_in(out)
     if resume:
         if not ckpt.exists():
             if (out / LEGACY_CHECKPOINT).exists():
                 raise legacy_checkpoint_error(out)
+            if existing:
+                raise RunDirError(f"--resume: {out} holds {_listed(existing)} but no {CHECKPOINT} to continue "
+                                  f"from; starting again would overwrite them: choose another --out")
             _note(f"--resume: {out} holds no {CHECKPOINT}; starting from round 1")
+            out.mkdir(parents=True, exist_ok=True)
             return None
         state = load_state(ckpt, "checkpoint")
         if not isinstance(state, dict) or not {"round", "server", "clients", "config"} <= set(state):
@@ -347,12 +361,33 @@ def prepare_run_dir(out: Path, cfg: dict, resume: bool) -> dict | None:
         if diffs:
             raise RunDirError(f"--resume: {', '.join(diffs[:5])} differ from the config {out} was started with; "
                               f"resume with the same config (only federation.rounds may change)")
+        done, asked = int(state["round"]), cfg["federation"]["rounds"]
+        if asked < done:
+            raise RunDirError(f"federation.rounds: got {asked}; {out} has already completed {done} rounds "
+                              f"(resume with federation.rounds >= {done}, or read its results as they are)")
         return state
-    existing = [f for f in RUN_FILES if (out / f).exists()]
     if existing:
-        raise RunDirError(f"--out {out}: already holds a run ({', '.join(existing)}); "
-                          f"pass --resume to continue it, or choose another --out")
+        raise RunDirError(f"--out {out}: already holds {_listed(existing)}, which this run would overwrite; "
+                          f"pass --resume to continue a run, or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
     return None
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def _remove_failed_start(out: Path, created: bool, before: set[str]) -> None:
+    """After a start that failed before its first checkpoint: remove what it wrote (the
+    folder itself when it made it), so that a second try is not refused as existing."""
+    if (out / CHECKPOINT).exists() or not out.is_dir():
+        return
+    if created:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for name in set(run_outputs_in(out)) - before:
+        path = out / name
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True, after: bool = True,
@@ -360,8 +395,19 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     """Run (or resume) the experiment in ``out``; return the summary dict.
 
     ``experiment`` builds the :class:`Experiment` (the Flower app passes one whose
-    clients live on SuperNodes); the run directory is the same either way."""
+    clients live on SuperNodes); the run directory is the same either way. A start that
+    fails before its first checkpoint leaves ``out`` as it found it."""
     out = Path(out)
+    created, before = not out.exists(), set(run_outputs_in(out))
+    try:
+        return _run(cfg, out, resume, progress, after, experiment)
+    except BaseException:
+        _remove_failed_start(out, created, before)
+        raise
+
+
+def _run(cfg: dict, out: Path, resume: bool, progress: bool, after: bool,
+         experiment: Callable[[dict], Experiment]) -> dict:
     resolve_device(cfg["federation"].get("device", "auto"))  # a GPU asked for but missing: stop before any work
     state = prepare_run_dir(out, cfg, resume)
     announce(cfg)
@@ -377,13 +423,20 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     best = None  # the model state of the best round so far (first of equals, as summarize)
     accountant = Accountant(cfg, exp.dataset.num_classes, exp.algorithm)
     if state is not None:
-        start = exp.restore(state)
+        try:
+            start = exp.restore(state)
+            if np.shape(exp.server.params) != (exp.spec.size,):
+                raise ValueError(f"a server vector of {np.size(exp.server.params)} values for {exp.spec.size} "
+                                 f"parameters")
+        except Exception as exc:  # e.g. a server vector shortened, its digest recomputed
+            raise RunDirError(f"{out / CHECKPOINT}: does not fit this run's model and algorithm "
+                              f"({type(exc).__name__}: {exc})".splitlines()[0]) from None
         best = state.get("best")
-        # keep the lines up to the checkpointed round (a kill may have left one more)
-        if metrics_path.exists():
-            history = [json.loads(l) for l in metrics_path.read_text().splitlines() if l.strip()]
-            history = [h for h in history if h["round"] <= start]
-        metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
+        # keep the lines up to the checkpointed round (a kill may have left one more, or half a line)
+        history, notes = read_metrics(out, start)
+        for note in notes:
+            _note(note)
+        _atomic_write(metrics_path, "".join(json.dumps(h) + "\n" for h in history).encode())
         accountant.replay(history)
         # the model files may be a round ahead of (or behind) the checkpoint after a kill
         if best is not None:
@@ -410,10 +463,9 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
         if best is None or record["accuracy"] > best["accuracy"]:
             best = model
             save_state(out / MODEL_BEST, best, "model")
+        append_metrics(out, record)  # before the checkpoint: a resume drops a line past it
         save_state(out / CHECKPOINT, {**exp.checkpoint_state(rnd), "best": best}, "checkpoint")
         save_state(out / MODEL_LAST, model, "model")
-        with metrics_path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
         history.append(record)
         if bar is not None:
             bar.update(1)
@@ -425,6 +477,8 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     summary["num_params"] = exp.spec.size
     if exp.dataset.info.get("subset"):  # data.train_subset / data.test_subset: not the whole data set
         summary["data_subset"] = exp.dataset.info["subset"]
+    if exp.dataset.info.get("files_identified"):  # which files were verified as the data set's, and how
+        summary["data_files"] = exp.dataset.info["files_identified"]
     summary["privacy"] = accountant.summary()
     summary["models_kept"] = {"last": MODEL_LAST, "best": MODEL_BEST}
     summary["device"] = device
@@ -435,6 +489,12 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     plot_accuracy(history, out / "plots" / "accuracy.png", title=f"{cfg['algorithm']['name']} on {cfg['data']['name']}")
     write_class_coverage(out, history, exp.counts, title=f"{cfg['algorithm']['name']}: class share of aggregated "
                                                           f"clients' samples ({cfg['partition']['scheme']})")
+    if history and not any(h["trained"] for h in history):
+        failed = [f for h in history for f in h["failed"]]
+        why = f"{len(failed)} client replies failed, first: client {failed[0]['client']}: {failed[0]['error']}" \
+            if failed else "no client replied"
+        raise RunFailedError(f"no client's update was aggregated in any of the {len(history)} rounds ({why}); "
+                             f"the global model is the initial one (results kept in {out})")
     if after:
         from neurofed.pipeline import after_training
 

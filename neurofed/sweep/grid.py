@@ -173,7 +173,7 @@ def load_sweep(path: str | Path) -> Sweep:
     if not path.is_file():
         raise ConfigError(f"sweep file {str(path)!r} not found")
     try:
-        raw = yaml_load(path.read_text()) or {}  # a key given twice is refused, not silently dropped
+        raw = yaml_load(path.read_text(), f"sweep file {str(path)!r}") or {}  # a key given twice is refused, not silently dropped
     except yaml.YAMLError as exc:
         raise ConfigError(f"sweep file {str(path)!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(raw, dict):
