@@ -12,6 +12,7 @@ one does.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -34,9 +35,13 @@ from neurofed.fl.params import ParamSpec
 from neurofed.fl.privacy import SEEDED, Accountant
 from neurofed.fl.seeds import rng_for, seed_for
 from neurofed.fl.train import evaluate
+from neurofed.logs import close_run_log, open_run_log
+from neurofed.stamp import environment
 from neurofed.models import build_model, build_run_model
 from neurofed.runfiles import (CHECKPOINT, LEGACY_CHECKPOINT, MODEL_BEST, MODEL_LAST, legacy_checkpoint_error,
                                load_state, save_state)
+
+log = logging.getLogger(__name__)
 
 RUN_FILES = ("metrics.jsonl", "summary.json", CHECKPOINT, LEGACY_CHECKPOINT)
 
@@ -275,7 +280,7 @@ class Experiment:
 
 
 def _note(msg: str) -> None:
-    print(f"neurofed: note: {msg}", file=sys.stderr)
+    log.warning("note: %s", msg)
 
 
 def announce(cfg: dict) -> None:
@@ -359,11 +364,17 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     out = Path(out)
     resolve_device(cfg["federation"].get("device", "auto"))  # a GPU asked for but missing: stop before any work
     state = prepare_run_dir(out, cfg, resume)
+    open_run_log(out)
+    log.info("%s %s in %s", "resuming" if state is not None else "starting",
+             f"{cfg['algorithm']['name']} on {cfg['data']['name']} ({cfg['model']['name']})", out)
     announce(cfg)
     exp = experiment(cfg)
+    if after:  # steps known not to apply are refused now, not after hours of training
+        from neurofed.pipeline import plan_steps
+
+        plan = plan_steps(cfg, exp)
     device = describe_device(exp.device)
-    if progress:
-        print(f"neurofed: training on {device_line(device)}", file=sys.stderr, flush=True)
+    log.info("training on %s", device_line(device), extra={"console": progress})
     dump_config(cfg, out / "config.yaml")
     (out / "partition.json").write_text(json.dumps({"label_counts": exp.counts.tolist()}))
     start = 0
@@ -410,6 +421,8 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
         with metrics_path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
         history.append(record)
+        log.info("round %d: accuracy %.4f, %d client(s) trained, %.1f s", rnd, record["accuracy"],
+                 len(record["trained"]), record["wall_time_s"])
         if bar is not None:
             bar.update(1)
             bar.set_postfix(acc=f"{record['accuracy']:.3f}", rate=f"{record.get('firing_rate') or 0:.3f}")
@@ -423,6 +436,7 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     summary["privacy"] = accountant.summary()
     summary["models_kept"] = {"last": MODEL_LAST, "best": MODEL_BEST}
     summary["device"] = device
+    summary["environment"] = environment()
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2).encode())
     from neurofed.plots import plot_accuracy, write_class_coverage
 
@@ -432,7 +446,10 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     if after:
         from neurofed.pipeline import after_training
 
-        after_training(out, cfg, exp, summary)
+        summary["after_training"] = after_training(out, cfg, exp, summary, plan)
+        _atomic_write(out / "summary.json", json.dumps(summary, indent=2).encode())
+    log.info("finished: final accuracy %.4f after %d rounds", summary["final_accuracy"] or 0.0, summary["rounds"])
+    close_run_log()
     return summary
 
 

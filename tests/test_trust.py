@@ -1,0 +1,97 @@
+"""A run's own record, trusted as it stands: post-training steps that cannot work are
+refused up front and failed ones change the exit code (issue 34)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import neurofed
+
+from conftest import tiny_overrides
+from neurofed.cli import main
+from neurofed.models.residual import EXPORT_REFUSAL
+
+
+def _run(tmp_path, *flags, name="run", **extra) -> tuple[int, dict]:
+    out = tmp_path / name
+    args = ["run", "examples/digits_fedavg.yaml", "--out", str(out), *flags]
+    # stock SLAYER unless a test asks: no wait on the kernel build cache
+    for item in tiny_overrides(**{"federation.rounds": 1, "energy.enabled": False, "federation.fast_kernels": False,
+                                  **extra}):
+        args += ["--set", item]
+    rc = main(args)
+    return rc, json.loads((out / "summary.json").read_text())
+
+
+def test_export_of_a_residual_net_is_refused_once_before_training(tmp_path, capfd):
+    """919f94d trained, then printed the refusal 16 times under an empty 'needs 0 cores'
+    table, and recorded nothing."""
+    rc, summary = _run(tmp_path, "--verbose", **{"model.name": "resnet18", "model.width": 0.125, "export": True,
+                                    "lava.samples": 2})
+    err = capfd.readouterr().err
+    assert rc == 0  # the run did what it could; nothing failed
+    assert err.count(EXPORT_REFUSAL) == 1 and "needs 0 cores" not in err
+    assert err.index("cannot be exported") < err.index("training on")  # said at the start
+    assert summary["after_training"]["export"]["status"] == "refused"
+    assert summary["after_training"]["lava"] == {"status": "refused", "reason": "needs the netx export"}
+    assert not (tmp_path / "run" / "model.net").exists()
+
+
+@pytest.mark.slow
+def test_a_failed_lava_step_is_recorded_and_makes_the_exit_code_non_zero(tmp_path, capfd):
+    """A 5-layer cnn at T=4 exports, but Lava cannot run it: 919f94d exited 0."""
+    rc, summary = _run(tmp_path, "--quiet", **{"model.name": "cnn", "model.width": 0.125, "export": True, "lava.samples": 2})
+    assert rc == 1
+    steps = summary["after_training"]
+    assert steps["export"] == {"status": "ok"} and (tmp_path / "run" / "model.net").exists()
+    assert steps["lava"]["status"] == "failed" and "timesteps is 4" in steps["lava"]["error"]
+    assert "lava step(s) failed" in capfd.readouterr().err
+
+
+# ----------------------------------------------------------------------------- logging (item 4)
+
+def test_run_log_holds_the_info_messages_with_timestamps_and_the_console_only_warnings(tmp_path, capfd):
+    """919f94d configured no logging: every INFO message was lost and no run.log existed."""
+    rc, _ = _run(tmp_path, "--quiet", name="quiet", **{"federation.ldp_laplace": 0.01})
+    err = capfd.readouterr().err
+    log = (tmp_path / "quiet" / "run.log").read_text().splitlines()
+    assert rc == 0
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO neurofed\.fl\.runner: round 1: accuracy", log[-2])
+    assert any(" WARNING " in line and "no epsilon holds" in line for line in log)  # a note: both places
+    assert "no epsilon holds" in err and "round 1: accuracy" not in err and "training on" not in err
+    rc, _ = _run(tmp_path, "--verbose", name="verbose")
+    assert "neurofed: round 1: accuracy" in capfd.readouterr().err
+
+
+# ----------------------------------------------------------------------------- stamps (item 5)
+
+def test_summary_is_stamped_with_versions_commit_kernels_and_cpu_class(tmp_path, capsys):
+    rc, summary = _run(tmp_path, "--quiet")
+    env = summary["environment"]
+    assert env["neurofed"] == neurofed.__version__ and env["torch"] == torch.__version__
+    assert env["python"] == platform.python_version() and env["cpu"] and env["lava_dl"] and env["lava_nc"]
+    assert env["isa"] in ("avx512_vnni", "avx512", "avx2", "sse4.2", "baseline", platform.machine())
+    root = Path(neurofed.__file__).resolve().parents[1]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:  # run from a checkout
+        assert env["git_commit"].split("+")[0] == head.stdout.strip()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])  # 919f94d: "the following arguments are required: command", exit 2
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith(f"neurofed {neurofed.__version__}")
+
+
+def test_the_kernel_variant_is_the_one_loaded(tmp_path):
+    from neurofed import kernels
+
+    rc, summary = _run(tmp_path, "--quiet", **{"federation.fast_kernels": True})
+    assert kernels.is_enabled()  # (if the build failed, the stamp must say None: stock SLAYER)
+    assert summary["environment"]["kernel_variant"] == kernels.variant() in kernels.VARIANTS
