@@ -95,3 +95,15 @@ def test_the_kernel_variant_is_the_one_loaded(tmp_path):
     rc, summary = _run(tmp_path, "--quiet", **{"federation.fast_kernels": True})
     assert kernels.is_enabled()  # (if the build failed, the stamp must say None: stock SLAYER)
     assert summary["environment"]["kernel_variant"] == kernels.variant() in kernels.VARIANTS
+
+
+# ----------------------------------------------------------------------------- progress (item 6)
+
+def test_progress_inside_a_round_shows_clients_and_batches_and_quiet_shows_none(tmp_path, capfd):
+    """919f94d drew one bar of rounds: nothing moved within a round."""
+    rc, _ = _run(tmp_path, name="shown", **{"partition.num_clients": 2, "federation.clients_per_round": 2})
+    err = capfd.readouterr().err
+    assert re.search(r"round 1 clients: .*\| 2/2 \[", err)  # both clients' training counted
+    assert re.search(r"batches: .*\| \d+/\d+ \[", err)
+    rc, _ = _run(tmp_path, "--quiet", name="quiet")
+    assert capfd.readouterr().err == ""

@@ -31,6 +31,7 @@ from neurofed.data import load_dataset
 from neurofed.data.encoding import as_tensor
 from neurofed.data.partition import label_counts, partition
 from neurofed.device import describe_device, device_line, resolve_device
+from neurofed.fl import progress as fl_progress
 from neurofed.fl.params import ParamSpec
 from neurofed.fl.privacy import SEEDED, Accountant
 from neurofed.fl.seeds import rng_for, seed_for
@@ -238,9 +239,11 @@ class Experiment:
         alive = set(self.survivors(rnd, [c for c, _ in plan]))
         results, failed = [], []
         t_train = time.perf_counter()
+        clients = fl_progress.bar(len(alive), f"round {rnd} clients", level=1, unit="client")
         for cid, config in plan:
             if cid not in alive:
                 continue
+            clients.set_postfix(client=cid)
             state = self.client_states.setdefault(cid, {}) if self.algorithm.needs_client_state else {}
             try:
                 params, n, metrics = self.client.fit(self.server.message_for(cid, config), config,
@@ -253,7 +256,10 @@ class Experiment:
                 if os.environ.get("NEUROFED_DEBUG"):
                     traceback.print_exc()
                 continue
+            finally:
+                clients.update(1)
             results.append(FitResult(cid, flat, n, metrics))
+        clients.close()
         t_agg = time.perf_counter()
         agg_metrics = self.server.aggregate(rnd, results) if results else {"skipped": "no client replied"}
         return RoundTraining(plan, [c for c, _ in plan if c not in alive], results, failed, agg_metrics,
@@ -400,6 +406,7 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
 
     rounds = cfg["federation"]["rounds"]
     bar = None
+    fl_progress.show(progress)  # the clients' and batches' bars inside a round
     if progress:
         from tqdm.auto import tqdm
 
@@ -428,6 +435,7 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
             bar.set_postfix(acc=f"{record['accuracy']:.3f}", rate=f"{record.get('firing_rate') or 0:.3f}")
     if bar is not None:
         bar.close()
+    fl_progress.show(False)
 
     summary = summarize(history, cfg, prior_time + time.perf_counter() - t_run)
     summary["num_params"] = exp.spec.size
