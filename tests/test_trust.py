@@ -107,3 +107,27 @@ def test_progress_inside_a_round_shows_clients_and_batches_and_quiet_shows_none(
     assert re.search(r"batches: .*\| \d+/\d+ \[", err)
     rc, _ = _run(tmp_path, "--quiet", name="quiet")
     assert capfd.readouterr().err == ""
+
+
+# ----------------------------------------------------------------------------- TensorBoard (item 7)
+
+def test_tensorboard_event_files_hold_each_rounds_metrics_and_the_energy(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rc, _ = _run(tmp_path, **{"federation.rounds": 2, "energy.enabled": True, "log.tensorboard": True})
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    energy = json.loads((tmp_path / "run" / "energy.json").read_text())
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard")).Reload()
+    scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    for tag, key in (("test/accuracy", "accuracy"), ("test/loss", "loss"), ("test/firing_rate", "firing_rate")):
+        assert scalars[tag] == [(m["round"], pytest.approx(m[key])) for m in metrics]
+    assert scalars["test/firing_rate_layer/0"][-1][1] == pytest.approx(metrics[-1]["layer_firing_rates"][0])
+    cumulative = energy["training"]["snn_cumulative_j"]
+    assert [v for _, v in scalars["energy/train_snn_j"]] == pytest.approx(
+        [cumulative[0], cumulative[1] - cumulative[0]], rel=1e-6)
+    for name, p in energy["profiles"].items():
+        if p.get("snn_energy_j") is not None:
+            assert scalars[f"energy/inference_snn_j/{name}"] == [(2, pytest.approx(p["snn_energy_j"], rel=1e-6))]
+    # off by default: no event files
+    _run(tmp_path, name="plain")
+    assert not (tmp_path / "plain" / "tensorboard").exists()

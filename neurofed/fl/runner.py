@@ -38,6 +38,7 @@ from neurofed.fl.seeds import rng_for, seed_for
 from neurofed.fl.train import evaluate
 from neurofed.logs import close_run_log, open_run_log
 from neurofed.stamp import environment
+from neurofed.tracking import TensorBoardLog
 from neurofed.models import build_model, build_run_model
 from neurofed.runfiles import (CHECKPOINT, LEGACY_CHECKPOINT, MODEL_BEST, MODEL_LAST, legacy_checkpoint_error,
                                load_state, save_state)
@@ -312,7 +313,7 @@ def _comparable(cfg: dict) -> dict:
     c = json.loads(json.dumps(cfg))
     c["federation"].pop("rounds", None)
     c["federation"].pop("device", None)  # a run may resume on another machine's device
-    for section in ("export", "lava", "energy"):
+    for section in ("export", "lava", "energy", "log"):
         c.pop(section, None)
     return c
 
@@ -412,6 +413,7 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
 
         bar = tqdm(total=rounds, initial=start, desc=f"{cfg['algorithm']['name']} rounds", unit="round",
                    dynamic_ncols=True)
+    tensorboard = TensorBoardLog.for_run(cfg, out)
     t_run = time.perf_counter()
     prior_time = sum(h.get("wall_time_s", 0.0) for h in history)
     for rnd in range(start + 1, rounds + 1):
@@ -428,6 +430,8 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
         with metrics_path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
         history.append(record)
+        if tensorboard is not None:
+            tensorboard.round(record)
         log.info("round %d: accuracy %.4f, %d client(s) trained, %.1f s", rnd, record["accuracy"],
                  len(record["trained"]), record["wall_time_s"])
         if bar is not None:
@@ -456,6 +460,10 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
 
         summary["after_training"] = after_training(out, cfg, exp, summary, plan)
         _atomic_write(out / "summary.json", json.dumps(summary, indent=2).encode())
+    if tensorboard is not None:
+        if after and summary["after_training"].get("energy", {}).get("status") == "ok":
+            tensorboard.energy(out, rounds)
+        tensorboard.close()
     log.info("finished: final accuracy %.4f after %d rounds", summary["final_accuracy"] or 0.0, summary["rounds"])
     close_run_log()
     return summary
