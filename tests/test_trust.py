@@ -3,6 +3,7 @@ refused up front and failed ones change the exit code (issue 34)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import platform
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import neurofed
 
@@ -131,3 +133,60 @@ def test_tensorboard_event_files_hold_each_rounds_metrics_and_the_energy(tmp_pat
     # off by default: no event files
     _run(tmp_path, name="plain")
     assert not (tmp_path / "plain" / "tensorboard").exists()
+
+
+# ----------------------------------------------------------------------------- one model, one number (8, 9)
+
+@pytest.fixture(scope="module")
+def energy_run(tmp_path_factory):
+    """Two rounds with export, a 6-sample Lava run and the energy step (default profiles)."""
+    tmp = tmp_path_factory.mktemp("energy")
+    rc, summary = _run(tmp, "--quiet", **{"federation.rounds": 2, "energy.enabled": True, "export": True,
+                                          "lava.samples": 6})
+    assert rc == 0
+    return tmp / "run", summary
+
+
+def test_every_accuracy_names_its_samples_and_input_draw(energy_run, capsys):
+    from neurofed.data import load_dataset
+
+    out, summary = energy_run
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    n = len(load_dataset(cfg["data"], cfg["seed"]).y_test)
+    assert summary["accuracy_measured_on"] == {"split": "test", "samples": n, "of": n, "first": False,
+                                               "input_draw": "eval"}
+    lava = json.loads((out / "lava.json").read_text())
+    assert lava["accuracy_measured_on"] == {"split": "test", "samples": 6, "of": n, "first": True,
+                                            "input_draw": "lava"}
+    # `neurofed energy --samples 10`: its accuracy is on 10 samples and says so, beside the run's
+    assert main(["energy", str(out), "--samples", "10"]) == 0
+    printed = capsys.readouterr().out
+    energy = json.loads((out / "energy.json").read_text())
+    assert energy["accuracy_measured_on"]["samples"] == 10
+    assert f"on the same samples (first 10 of {n} test samples, rate spikes of draw 'eval')" in printed
+    assert (f"the run's final accuracy {100 * summary['final_accuracy']:.1f}% (summary.json) is on all {n} "
+            "test samples") in printed
+    # energy-report: the accuracy beside the energies is the one measured on their samples
+    assert main(["energy-report", str(out), "--out", str(out.parent / "report")]) == 0
+    with (out.parent / "report" / "energy_report.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["accuracy"] for r in rows} == {str(energy["accuracy"])}  # 919f94d: summary's final_accuracy
+    assert {r["accuracy_on"] for r in rows} == {f"10/{n} test, draw eval"}
+
+
+def test_energy_lines_say_what_each_figure_is(energy_run):
+    from neurofed.energy.report import energy_for_run, format_summary
+
+    out, _ = energy_run
+    exact = energy_for_run(out, samples=20, write=False, plots=False)
+    text = format_summary(exact)
+    assert "(approx" not in text and "with the papers' MACs x rate x T for synaptic ops" in text
+    assert "energies: convention exact" in text
+    loihi2 = next(line for line in text.splitlines() if line.startswith("loihi2"))
+    assert "SNN not priced: loihi2 publishes no per-operation energies" in loihi2
+    for name, p in exact["profiles"].items():  # every ANN/SNN below 1 is explained
+        if p.get("ann_over_snn") is not None and p["ann_over_snn"] < 1:
+            line = next(l for l in text.splitlines() if l.startswith(name))
+            assert f"the SNN costs {1 / p['ann_over_snn']:.1f}x the ANN" in line and "cmos45_int's MAC" in line
+    paper = format_summary(energy_for_run(out, samples=20, convention="paper", write=False, plots=False))
+    assert "energies: convention paper (fedsnn's formula" in paper

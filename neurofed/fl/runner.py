@@ -34,7 +34,7 @@ from neurofed.device import describe_device, device_line, resolve_device
 from neurofed.fl import progress as fl_progress
 from neurofed.fl.params import ParamSpec
 from neurofed.fl.privacy import SEEDED, Accountant
-from neurofed.fl.seeds import rng_for, seed_for
+from neurofed.fl.seeds import measured_on, rng_for, seed_for
 from neurofed.fl.train import evaluate
 from neurofed.logs import close_run_log, open_run_log
 from neurofed.stamp import environment
@@ -443,6 +443,8 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
 
     summary = summarize(history, cfg, prior_time + time.perf_counter() - t_run)
     summary["num_params"] = exp.spec.size
+    # final_accuracy / best_accuracy: the global model on these samples and input spikes
+    summary["accuracy_measured_on"] = measured_on(cfg["data"], len(exp.y_test), len(exp.y_test), "eval")
     if exp.dataset.info.get("subset"):  # data.train_subset / data.test_subset: not the whole data set
         summary["data_subset"] = exp.dataset.info["subset"]
     summary["privacy"] = accountant.summary()
