@@ -2,7 +2,7 @@
 libraries, the CPU and its instruction-set class — stamped into ``summary.json``
 (``environment``) and printed by ``neurofed --version``.
 
-Bit-exactness of the fast kernels depends on the instruction set (README, kernels),
+Bit-exactness of the fast kernels depends on the instruction set (docs/getting-started.md, docs/kernels.md),
 so two runs' numbers compare only with these equal. Nothing here may fail a run: each
 item is None when it cannot be read.
 """
