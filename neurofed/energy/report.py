@@ -492,7 +492,9 @@ def energy_report(run_dirs, out: str | Path, profiles=None, spikes: str = "torch
         md.append("| " + " | ".join(_fmt(r2[c]) for c in TABLE_COLUMNS) + " |")
     md.append("")
     md.append("Energy per inference (one test sample, all time steps); ANN = the same topology as an ANN "
-              "priced with the profile's MAC (or its ann_baseline). See each run's energy.json for sources.")
+              "priced with the profile's MAC (or its ann_baseline). accuracy: the model's on the samples in "
+              "accuracy_on (those the energies were counted on; summary.json's final accuracy may be on others). "
+              "See each run's energy.json for sources.")
     (out / "energy_report.md").write_text("\n".join(md) + "\n")
     plot_report(rows, out / "energy_report.png")
     return {"rows": rows, "markdown": str(out / "energy_report.md"), "csv": str(out / "energy_report.csv"),
