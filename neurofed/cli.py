@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from neurofed.config import ConfigError
+from neurofed.logs import configure as configure_logging
 
 COMMAND_MODULES = (
     "neurofed.cli",  # run, partition
@@ -37,12 +38,17 @@ def default_run_dir(config_path: str, cfg: dict) -> Path:
 def cmd_run(args) -> int:
     from neurofed.config import load_config
     from neurofed.fl.runner import run
+    from neurofed.pipeline import failed_steps
 
     cfg = load_config(args.config, args.overrides)
     out = Path(args.out) if args.out else default_run_dir(args.config, cfg)
     summary = run(cfg, out, resume=args.resume, progress=not args.quiet)
     print(f"final accuracy {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f}) "
           f"after {summary['rounds']} rounds in {summary['wall_time_s']:.1f} s on {summary['device']['device']} -> {out}")
+    failed = failed_steps(summary)
+    if failed:  # training's results are on disk; the exit code still says a step did not work
+        print(f"neurofed: {', '.join(failed)} step(s) failed (summary.json: after_training); exit 1", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -81,7 +87,10 @@ def add_commands(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from neurofed.stamp import VersionAction
+
     parser = argparse.ArgumentParser(prog="neurofed", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         try:
@@ -91,12 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # that part is not installed in this tree yet
             raise
         module.add_commands(sub)
+    for p in sub.choices.values():  # every command: the same console logging switch
+        p.add_argument("--verbose", action="store_true",
+                       help="show INFO messages on the console too (a run's run.log always has them)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    configure_logging(verbose=args.verbose)
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:

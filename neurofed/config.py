@@ -347,9 +347,9 @@ _SECTIONS: dict[str, Section] = {}
 # them by name, as the command line knows its COMMAND_MODULES, and imports none of them
 # in its own code: they import it.
 SECTION_MODULES = ("neurofed.data", "neurofed.data.partition", "neurofed.models", "neurofed.algorithms",
-                   "neurofed.energy.profiles")
+                   "neurofed.energy.profiles", "neurofed.tracking")
 # Order of the sections in a resolved config (and config.yaml).
-_ORDER = ("seed", "data", "partition", "model", "federation", "algorithm", "export", "lava", "energy")
+_ORDER = ("seed", "data", "partition", "model", "federation", "algorithm", "export", "lava", "energy", "log")
 
 
 def register_section(section: Section) -> Section:

@@ -1,30 +1,85 @@
 """What happens after training, in order: export to netx, Lava run, energy report.
 
-Each step is skipped with a logged reason when it does not apply, and a failure in
-one step is reported without losing the run's results (they are already written).
+:func:`plan_steps` decides before training which steps run: a step known not to apply
+(a residual net cannot be exported; direct input has no Lava input path) is refused
+there, said once, so no one waits hours for a step that cannot work.
+:func:`after_training` runs the rest; a failure in one step is reported without losing
+the run's results (they are already written). Both outcomes go to summary.json's
+``after_training`` record ({step: {"status": ok|failed|refused|skipped, ...}}) and a
+failed step makes ``neurofed run`` exit 1.
 """
 
 from __future__ import annotations
 
-import sys
+import logging
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 
-def after_training(out: Path, cfg: dict, exp, summary: dict) -> None:
-    steps = []
-    if cfg.get("export") and cfg["model"].get("kind", "snn") == "snn":
-        steps.append(("export", _export))
-        if cfg.get("lava", {}).get("samples", 0) > 0:
-            steps.append(("lava", _lava))
+STEP_FAILED = "failed"
+
+
+def plan_steps(cfg: dict, exp) -> tuple[list, dict]:
+    """(steps to run, records of steps refused or skipped) for this run's config and model."""
+    steps, records = [], {}
+    snn = cfg["model"].get("kind", "snn") == "snn"
+    if cfg.get("export"):
+        refusal = _export_refusal(exp) if snn else None
+        if not snn:  # the default export: true on an ANN run: nothing to export, nothing to say
+            records["export"] = {"status": "skipped", "reason": f"model.kind is {cfg['model']['kind']!r}"}
+        elif refusal:
+            records["export"] = {"status": "refused", "reason": refusal}
+            if cfg.get("lava", {}).get("samples", 0) > 0:
+                records["lava"] = {"status": "refused", "reason": "needs the netx export"}
+            log.warning("note: export: true, but this model cannot be exported to netx (%s); the export%s skipped "
+                        "(set export: false to silence this)", refusal,
+                        " and Lava steps are" if "lava" in records else " step is")
+        else:
+            steps.append(("export", _export))
+            if cfg.get("lava", {}).get("samples", 0) > 0:
+                from neurofed.deploy import DeployError
+                from neurofed.deploy.lava_run import check_encoding
+
+                try:
+                    check_encoding(cfg["data"])
+                    steps.append(("lava", _lava))
+                except DeployError as exc:
+                    records["lava"] = {"status": "refused", "reason": str(exc)}
+                    log.warning("note: lava.samples is %d, but %s; the Lava step is skipped",
+                                cfg["lava"]["samples"], exc)
     if cfg.get("energy", {}).get("enabled"):
         steps.append(("energy", _energy))
-        if hasattr(getattr(exp, "server", None), "global_models") and cfg["model"].get("kind", "snn") == "snn":
+        if hasattr(getattr(exp, "server", None), "global_models") and snn:
             steps.append(("energy per model", _energy_per_model))
+    return steps, records
+
+
+def _export_refusal(exp) -> str | None:
+    """Why netx cannot hold this run's model (its structure; sizes are checked at export)."""
+    from neurofed.deploy.constraints import structure_problems
+
+    problems = structure_problems(exp.eval_model)
+    return None if not problems else problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+
+
+def after_training(out: Path, cfg: dict, exp, summary: dict, plan: tuple[list, dict] | None = None) -> dict:
+    """Run the planned steps; return every step's record (see the module docstring)."""
+    steps, records = plan if plan is not None else plan_steps(cfg, exp)
+    records = dict(records)
     for name, step in steps:
+        log.info("%s step", name)
         try:
             step(out, cfg, exp)
+            records[name] = {"status": "ok"}
         except Exception as exc:  # results on disk stay valid; say what failed
-            print(f"neurofed: {name} step failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            records[name] = {"status": STEP_FAILED, "error": f"{type(exc).__name__}: {exc}"}
+            log.error("%s step failed: %s", name, f"{type(exc).__name__}: {exc}".splitlines()[0])
+            log.info("%s step's traceback", name, exc_info=True)  # run.log only
+    return records
+
+
+def failed_steps(summary: dict) -> list[str]:
+    return [name for name, r in summary.get("after_training", {}).items() if r.get("status") == STEP_FAILED]
 
 
 def _export(out: Path, cfg: dict, exp) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-command environment for neurofed (see README "Set up").
+# One-command environment for neurofed (README "Three commands"; docs/getting-started.md).
 # Creates .venv with Python 3.11, the local CPU torch wheel, neurofed with its
 # dependencies, and lava-nc 0.10.0 + lava-dl 0.6.0, which declare Python <3.11 and
 # torch <2.4 and therefore install without their metadata checks (their real

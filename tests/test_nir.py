@@ -289,6 +289,7 @@ def untrained_run(out, cfg) -> None:
 
 def test_cli_exports_nir_and_runs_both_simulators(tmp_path, tiny_cfg, capsys):
     from neurofed.cli import main
+    from neurofed.deploy.nir_run import summary_line as nir_summary_line
 
     out = tmp_path / "run"
     untrained_run(out, tiny_cfg(**{"model.threshold": 0.5}))
@@ -303,6 +304,11 @@ def test_cli_exports_nir_and_runs_both_simulators(tmp_path, tiny_cfg, capsys):
         assert np.array(r["layer_spikes"]).shape == (4, 2) == np.array(r["torch_layer_spikes"]).shape
         assert 0 <= r["agreement"] <= 1 and len(r["energy"]) == 2
         assert (out / "plots" / f"nir_{sim}.png").is_file()
+        # the line names what its figures count (919f94d: "layer rasters 0.000, 0.200" beside Lava's 1.000)
+        assert r["accuracy_measured_on"]["samples"] == 4 and r["accuracy_measured_on"]["input_draw"] == "lava"
+        line = nir_summary_line(r)
+        assert "layer rasters" not in line and "first 4 of" in line and "draw 'lava'" in line
+        assert "spikes differing from torch per layer " + ", ".join(f"{100 * a:.1f}%" for a in r["layer_spike_mismatch"]) in line
     capsys.readouterr()
     assert main(["nir", str(out), "--sim", "brian2"]) == 2
     assert "allowed: snntorch, norse" in capsys.readouterr().err

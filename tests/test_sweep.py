@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +96,34 @@ def test_report_rebuilds_tables_and_plots_from_the_runs(finished_sweep):
     assert main(["report", str(out)]) == 0
     assert (out / "results.csv").read_text() == before
     assert len(list((out / "plots").glob("*.png"))) == 3
+
+
+def test_report_without_runs_refuses_and_keeps_the_committed_tables(tmp_path, capsys):
+    """A copy of a committed results folder (no runs/ inside): 919f94d rewrote every row as
+    "—" and exited 0; now nothing is touched and the exit code says so."""
+    from neurofed.cli import main
+
+    src = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "selection"
+    shutil.copytree(src, tmp_path / "sel")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "sel").iterdir() if p.is_file()}
+    assert main(["report", str(tmp_path / "sel")]) == 2
+    assert "no runs to read" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "sel").iterdir() if p.is_file()} == before
+
+
+def test_report_never_replaces_a_table_with_fewer_seeds(finished_sweep, tmp_path, capsys):
+    from neurofed.cli import main
+
+    _, out, _ = finished_sweep
+    shutil.copytree(out, tmp_path / "out")
+    shutil.rmtree(tmp_path / "out" / "runs" / "lr=0.01-seed1")  # one run's directory lost
+    before = (tmp_path / "out" / "results.csv").read_text()
+    assert main(["report", str(tmp_path / "out")]) == 2
+    assert "lr=0.01 (1 < 2)" in capsys.readouterr().err
+    assert (tmp_path / "out" / "results.csv").read_text() == before
+    (tmp_path / "out" / "results.csv").unlink()  # the way to rebuild from what is left
+    assert main(["report", str(tmp_path / "out")]) == 0
+    assert [r["seeds"] for r in read_csv(tmp_path / "out" / "results.csv")] == ["2", "1"]
 
 
 def test_resume_skips_finished_runs_and_continues_interrupted_ones(finished_sweep, tmp_path):

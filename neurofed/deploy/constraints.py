@@ -124,6 +124,9 @@ class ConstraintReport:
         return not self.violations
 
     def summary(self) -> str:
+        if not self.layers:  # refused on structure before any layer was counted: no table to show
+            return "\n".join([f"hardware check ({self.profile}): not mapped"] +
+                             [f"  VIOLATION: {v}" for v in self.violations])
         lines = [f"hardware check ({self.profile}):",
                  "  #  kind          shape   neurons  fan-in      synapses cores"]
         lines += ["  " + layer.row() for layer in self.layers]
@@ -182,11 +185,12 @@ def structure_problems(model) -> list[str]:
         return [f"model.kind is {model.kind!r}: only spiking models (kind snn) export to netx"]
     classes, neuron_cls = _slayer_classes()
     problems = []
+    refused: dict[str, list[str]] = {}  # one line per reason, naming every layer it applies to
     for i, (layer, block) in enumerate(zip(model.layers, model.blocks)):
         where = f"layer {i} ({layer.kind})"
         refusal = getattr(block, "export_refusal", None)  # e.g. a residual join
         if refusal:
-            problems.append(f"{where}: {refusal}")
+            refused.setdefault(refusal, []).append(str(i))
             continue
         if layer.kind not in SUPPORTED_KINDS:
             problems.append(f"{where}: netx cannot express this layer kind; supported: {', '.join(SUPPORTED_KINDS)}")
@@ -218,7 +222,7 @@ def structure_problems(model) -> list[str]:
             if h % k or w % k:
                 problems.append(f"{where}: input {h}x{w} is not a multiple of the pool kernel {k} "
                                 f"(SLAYER pads odd sizes, netx does not); use even spatial sizes")
-    return problems
+    return [f"layer{'s' * (len(idx) > 1)} {', '.join(idx)}: {reason}" for reason, idx in refused.items()] + problems
 
 
 def _layer_use(index: int, layer, block, timesteps: int) -> LayerUse:

@@ -36,7 +36,7 @@ import torch
 from neurofed.deploy import DeployError
 from neurofed.deploy.export import (NET_FILE, check_net_digest, digest_file, export_run, load_global_model,
                                    read_net)
-from neurofed.fl.seeds import seed_for
+from neurofed.fl.seeds import describe_measured, measured_on, seed_for
 
 BACKENDS = ("fixed_pt", "loihi2")
 RESULT_FILE = "lava.json"
@@ -315,6 +315,9 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     t = spikes.shape[-1]
     result = {
         "samples": n,
+        # accuracy and torch_accuracy: these samples, the same input spikes on both sides;
+        # not summary.json's (all test samples, draw 'eval')
+        "accuracy_measured_on": measured_on(cfg["data"], n, len(ds.y_test), "lava"),
         "backend": backend,
         "round": rnd,
         **compare(lava_stats, torch_stats, labels),
@@ -347,10 +350,12 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
 
 
 def summary_line(r: dict) -> str:
-    return (f"lava {r['backend']}: {r['samples']} samples, accuracy {r['accuracy']:.4f} "
-            f"(torch {r['torch_accuracy']:.4f}), prediction agreement {r['agreement']:.4f}, "
+    on = describe_measured(r["accuracy_measured_on"]) if "accuracy_measured_on" in r else f"{r['samples']} samples"
+    return (f"lava {r['backend']}: {on}: accuracy {r['accuracy']:.4f} "
+            f"(torch on the same input spikes {r['torch_accuracy']:.4f}), prediction agreement {r['agreement']:.4f}, "
             f"spike-for-spike {'yes' if r['spike_for_spike'] else 'NO'} "
-            f"(layer rasters {', '.join(f'{a:.3f}' for a in r['layer_raster_agreement'])}); "
+            f"(samples with the layer's raster identical to torch's "
+            f"{', '.join(f'{100 * a:.0f}%' for a in r['layer_raster_agreement'])}); "
             f"compile {r['compile_s']:.2f} s, {r['samples_per_s']:.1f} samples/s")
 
 

@@ -36,7 +36,7 @@ import torch
 from neurofed.deploy import DeployError
 from neurofed.deploy.lava_run import SpikeStats, _cpus, input_spikes, layer_seeds, predict, torch_reference
 from neurofed.deploy.nir_export import NIR_FILE, export_nir_run, graph_meta, node_names, read_nir, synaptic_ops
-from neurofed.fl.seeds import seed_for
+from neurofed.fl.seeds import describe_measured, measured_on, seed_for
 
 RESULT_FILE = "nir.json"  # {simulator: result}
 
@@ -329,6 +329,7 @@ def run_nir(run_dir: str | Path, samples: int = 200, sim: str = "snntorch", prog
     meta = graph_meta(graph)
     result = {
         "samples": n,
+        "accuracy_measured_on": measured_on(cfg["data"], n, len(ds.y_test), "lava"),  # as `neurofed lava`
         "sim": sim,
         "sim_version": _version(simulator.package),
         "nir_version": _version("nir"),
@@ -365,10 +366,17 @@ def run_nir(run_dir: str | Path, samples: int = 200, sim: str = "snntorch", prog
 
 
 def summary_line(r: dict) -> str:
-    return (f"nir {r['sim']} {r['sim_version']}: {r['samples']} samples, accuracy {r['accuracy']:.4f} "
-            f"(torch {r['torch_accuracy']:.4f}), prediction agreement {r['agreement']:.4f} "
-            f"(all {r['timesteps']} steps read: {r['agreement_full_window']:.4f}); layer rasters "
-            f"{', '.join(f'{a:.3f}' for a in r['layer_raster_agreement'])}; {r['samples_per_s']} samples/s")
+    """One line; the per-layer figures say what they count: the share of a layer's spikes
+    that differ from torch's (small: float rounding in the simulator's LIF), and the
+    share of samples whose whole raster in that layer equals torch's (strict: one
+    differing spike of one neuron fails the sample)."""
+    on = describe_measured(r["accuracy_measured_on"]) if "accuracy_measured_on" in r else f"{r['samples']} samples"
+    return (f"nir {r['sim']} {r['sim_version']}: {on}: accuracy {r['accuracy']:.4f} "
+            f"(torch on the same input spikes {r['torch_accuracy']:.4f}), prediction agreement {r['agreement']:.4f} "
+            f"(all {r['timesteps']} steps read: {r['agreement_full_window']:.4f}); spikes differing from torch per "
+            f"layer {', '.join(f'{100 * a:.1f}%' for a in r['layer_spike_mismatch'])} (samples with the layer's "
+            f"raster identical to torch's {', '.join(f'{100 * a:.0f}%' for a in r['layer_raster_agreement'])}); "
+            f"{r['samples_per_s']} samples/s")
 
 
 def plot_nir(result: dict, path: Path) -> Path:

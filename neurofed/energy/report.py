@@ -31,6 +31,7 @@ from neurofed.energy.conventions import PAPERS, paper_energy, paper_for
 from neurofed.energy.ops import count_layers, neurobench_summary, synapse_masks
 from neurofed.energy.profiles import ENERGY_DEFAULTS, Profile, load_profiles
 from neurofed.energy.spikes import LAVA_FILE, SpikeMaps, measure_torch, read_lava, read_lava_record
+from neurofed.fl.seeds import describe_measured, measured_on, same_measurement
 
 DEFAULT_PROFILES = ENERGY_DEFAULTS["profiles"]
 ENERGY_FILE = "energy.json"
@@ -268,8 +269,13 @@ def energy_for_run(run_dir: str | Path, profiles=None, spikes: str = "torch", sa
         "algorithm": run.cfg["algorithm"]["name"], "encoding": run.cfg["data"]["encoding"],
         "timesteps": run.cfg["data"]["timesteps"],
         "final_accuracy": run.summary.get("final_accuracy"),
+        "final_accuracy_measured_on": run.summary.get("accuracy_measured_on"),
         "round": run.round,
     }
+    if result.get("spikes"):  # `accuracy`: the model on the samples and spikes the energies were counted on
+        source = result["spikes"]["source"]
+        result["accuracy_measured_on"] = measured_on(run.cfg["data"], result["spikes"]["samples"], len(run.y_test),
+                                                     "lava" if source == "lava" else "eval")
     from neurofed.energy.training import plot_training_energy, training_energy
 
     try:
@@ -334,15 +340,63 @@ def format_summary(result: dict) -> str:
     lines = []
     spikes = result.get("spikes", {})
     if spikes:
+        on = result.get("accuracy_measured_on")
+        acc = f"accuracy {_pct(result.get('accuracy'))}" + (f" on the same samples ({describe_measured(on)})"
+                                                            if on else f" on {spikes['samples']} samples")
+        run = result.get("run", {})
+        final_on = run.get("final_accuracy_measured_on")
+        if run.get("final_accuracy") is not None and not same_measurement(on, final_on):
+            acc += (f"; the run's final accuracy {_pct(run['final_accuracy'])} (summary.json) is on "
+                    + (describe_measured(final_on) if final_on else "its whole test set"))
         lines.append(f"spikes: {spikes['source']} ({spikes['spread']}), {spikes['samples']} samples, "
-                     f"T={spikes['timesteps']}; accuracy {_pct(result.get('accuracy'))}")
+                     f"T={spikes['timesteps']}; {acc}")
+    convention = result.get("convention", "exact")
+    if result.get("spikes"):
+        lines.append(_CONVENTION_LINES["paper"].format(paper=result.get("paper", "?")) if convention == "paper"
+                     else _CONVENTION_LINES["exact"])
     for name, p in result["profiles"].items():
         snn, ann = p.get("snn_energy_j"), p["ann_energy_j"]
         ratio = p.get("ann_over_snn")
-        lines.append(f"{name:12s} SNN {_uj(snn):>12s}  ANN {_uj(ann):>12s}  ANN/SNN "
-                     f"{'-' if ratio is None else f'{ratio:.2f}x'}"
-                     + (f" (approx {p['ann_over_snn_approx']:.2f}x)" if p.get("ann_over_snn_approx") else ""))
+        line = f"{name:12s} SNN {_uj(snn):>12s}  ANN {_uj(ann):>12s}  ANN/SNN {'-' if ratio is None else f'{ratio:.2f}x'}"
+        if snn is None and result.get("spikes"):
+            line += f"  (SNN not priced: {_unpriced_reason(name, p)})"
+        if p.get("ann_over_snn_approx"):
+            line += f"  (with the papers' MACs x rate x T for synaptic ops: {p['ann_over_snn_approx']:.2f}x)"
+        why = _why_snn_costs_more(p) if ratio is not None and ratio < 1 else None
+        if why:
+            line += f"  ({why})"
+        lines.append(line)
     return "\n".join(lines)
+
+
+_CONVENTION_LINES = {
+    "exact": "energies: convention exact (measured synaptic ops, pools included; energy.json paper_conventions "
+             "has the papers' formulas)",
+    "paper": "energies: convention paper ({paper}'s formula, neurofed.energy.conventions; the measured count "
+             "is under 'exact' in energy.json)",
+}
+
+
+def _unpriced_reason(name: str, p: dict) -> str:
+    """Why a profile prices no SNN energy (its ``note``, or the profile's own flags)."""
+    prof = p.get("profile") or {}
+    if prof.get("measured_only"):
+        return f"{name} publishes no per-operation energies; measure power on the chip (hw_profiles/{name}.yaml)"
+    return p.get("note") or f"{name} lacks an energy per synaptic op"
+
+
+def _why_snn_costs_more(p: dict) -> str | None:
+    """One clause for ANN/SNN < 1: which priced part dominates the SNN, and what the ANN is priced on."""
+    parts = p.get("snn_breakdown_j") or {}
+    snn = p.get("snn_energy_j")
+    if not parts or not snn:
+        return None
+    part, joules = max(parts.items(), key=lambda kv: kv[1])
+    what = {"neuron_updates": "neuron updates (every neuron, every time step)", "synaptic_ops": "synaptic ops",
+            "analog_macs": "the analog first layer's MACs", "spikes": "spike routing"}.get(part, part)
+    prof = p.get("profile") or {}
+    ann_on = f"; the ANN is priced on {prof['ann_baseline']}'s MAC" if prof.get("ann_baseline") else ""
+    return f"the SNN costs {1 / p['ann_over_snn']:.1f}x the ANN: {what} are {100 * joules / snn:.0f}% of it{ann_on}"
 
 
 def _uj(j):
@@ -417,7 +471,7 @@ def plot_layers(result: dict, path: str | Path) -> Path:
 
 # --------------------------------------------------------------------------- several runs
 
-TABLE_COLUMNS = ["run", "dataset", "model", "kind", "algorithm", "encoding", "T", "accuracy", "profile",
+TABLE_COLUMNS = ["run", "dataset", "model", "kind", "algorithm", "encoding", "T", "accuracy", "accuracy_on", "profile",
                  "snn_uJ", "ann_uJ", "ann_over_snn", "ann_over_snn_approx", "spikes"]
 
 
@@ -425,18 +479,32 @@ def report_rows(results: list[dict]) -> list[dict]:
     rows = []
     for res in results:
         run = res.get("run", {})
-        acc = run.get("final_accuracy") if run.get("final_accuracy") is not None else res.get("accuracy")
+        # the accuracy measured with the energies' own spikes (same samples); an ANN run,
+        # whose energy counts no spikes, shows its final accuracy and says where it is from
+        if res.get("accuracy") is not None and res.get("accuracy_measured_on"):
+            acc, on = res["accuracy"], _short_measured(res["accuracy_measured_on"])
+        elif run.get("final_accuracy") is not None:
+            acc = run["final_accuracy"]
+            on = "summary.json" + (f", {_short_measured(run['final_accuracy_measured_on'])}"
+                                   if run.get("final_accuracy_measured_on") else "")
+        else:
+            acc, on = res.get("accuracy"), None
         for name, p in res["profiles"].items():
             snn = p.get("snn_energy_j")
             rows.append({
                 "run": Path(run.get("dir", "?")).name, "dataset": run.get("dataset"), "model": run.get("model"),
                 "kind": run.get("model_kind"), "algorithm": run.get("algorithm"), "encoding": run.get("encoding"),
-                "T": run.get("timesteps"), "accuracy": acc, "profile": name,
+                "T": run.get("timesteps"), "accuracy": acc, "accuracy_on": on, "profile": name,
                 "snn_uJ": snn * 1e6 if snn is not None else None, "ann_uJ": p["ann_energy_j"] * 1e6,
                 "ann_over_snn": p.get("ann_over_snn"), "ann_over_snn_approx": p.get("ann_over_snn_approx"),
                 "spikes": (f"{res['spikes']['source']}/{res['spikes']['samples']}" if res.get("spikes") else None),
             })
     return rows
+
+
+def _short_measured(m: dict) -> str:
+    """``100/450 test, draw eval``."""
+    return f"{m['samples']}/{m['of']} {m['split']}" + (f", draw {m['input_draw']}" if m.get("input_draw") else "")
 
 
 def _fmt(v) -> str:
@@ -481,7 +549,9 @@ def energy_report(run_dirs, out: str | Path, profiles=None, spikes: str = "torch
         md.append("| " + " | ".join(_fmt(r2[c]) for c in TABLE_COLUMNS) + " |")
     md.append("")
     md.append("Energy per inference (one test sample, all time steps); ANN = the same topology as an ANN "
-              "priced with the profile's MAC (or its ann_baseline). See each run's energy.json for sources.")
+              "priced with the profile's MAC (or its ann_baseline). accuracy: the model's on the samples in "
+              "accuracy_on (those the energies were counted on; summary.json's final accuracy may be on others). "
+              "See each run's energy.json for sources.")
     (out / "energy_report.md").write_text("\n".join(md) + "\n")
     plot_report(rows, out / "energy_report.png")
     return {"rows": rows, "markdown": str(out / "energy_report.md"), "csv": str(out / "energy_report.csv"),

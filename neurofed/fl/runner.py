@@ -12,6 +12,7 @@ one does.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -31,13 +32,19 @@ from neurofed.data import load_dataset
 from neurofed.data.encoding import as_tensor
 from neurofed.data.partition import label_counts, partition
 from neurofed.device import describe_device, device_line, resolve_device
+from neurofed.fl import progress as fl_progress
 from neurofed.fl.params import ParamSpec
 from neurofed.fl.privacy import SEEDED, Accountant
-from neurofed.fl.seeds import rng_for, seed_for
+from neurofed.fl.seeds import measured_on, rng_for, seed_for
 from neurofed.fl.train import evaluate
+from neurofed.logs import close_run_log, open_run_log
+from neurofed.stamp import environment
+from neurofed.tracking import TensorBoardLog
 from neurofed.models import build_model, build_run_model
 from neurofed.runfiles import (CHECKPOINT, LEGACY_CHECKPOINT, MODEL_BEST, MODEL_LAST, append_metrics, check_out_dir,
                                legacy_checkpoint_error, load_state, read_metrics, run_outputs_in, save_state)
+
+log = logging.getLogger(__name__)
 
 RUN_FILES = ("metrics.jsonl", "summary.json", CHECKPOINT, LEGACY_CHECKPOINT)
 
@@ -242,9 +249,11 @@ class Experiment:
         alive = set(self.survivors(rnd, [c for c, _ in plan]))
         results, failed = [], []
         t_train = time.perf_counter()
+        clients = fl_progress.bar(len(alive), f"round {rnd} clients", level=1, unit="client")
         for cid, config in plan:
             if cid not in alive:
                 continue
+            clients.set_postfix(client=cid)
             state = self.client_states.setdefault(cid, {}) if self.algorithm.needs_client_state else {}
             try:
                 params, n, metrics = self.client.fit(self.server.message_for(cid, config), config,
@@ -257,7 +266,10 @@ class Experiment:
                 if os.environ.get("NEUROFED_DEBUG"):
                     traceback.print_exc()
                 continue
+            finally:
+                clients.update(1)
             results.append(FitResult(cid, flat, n, metrics))
+        clients.close()
         t_agg = time.perf_counter()
         agg_metrics = self.server.aggregate(rnd, results) if results else {"skipped": "no client replied"}
         return RoundTraining(plan, [c for c, _ in plan if c not in alive], results, failed, agg_metrics,
@@ -284,7 +296,7 @@ class Experiment:
 
 
 def _note(msg: str) -> None:
-    print(f"neurofed: note: {msg}", file=sys.stderr)
+    log.warning("note: %s", msg)
 
 
 def announce(cfg: dict) -> None:
@@ -311,7 +323,7 @@ def _comparable(cfg: dict) -> dict:
     c["federation"].pop("rounds", None)
     c["federation"].pop("device", None)  # a run may resume on another machine's device
     c["federation"].pop("fast_kernels", None)  # same bits with or without (fast_gradients is compared)
-    for section in ("export", "lava", "energy"):
+    for section in ("export", "lava", "energy", "log"):
         c.pop(section, None)
     return c
 
@@ -410,11 +422,17 @@ def _run(cfg: dict, out: Path, resume: bool, progress: bool, after: bool,
          experiment: Callable[[dict], Experiment]) -> dict:
     resolve_device(cfg["federation"].get("device", "auto"))  # a GPU asked for but missing: stop before any work
     state = prepare_run_dir(out, cfg, resume)
+    open_run_log(out)
+    log.info("%s %s in %s", "resuming" if state is not None else "starting",
+             f"{cfg['algorithm']['name']} on {cfg['data']['name']} ({cfg['model']['name']})", out)
     announce(cfg)
     exp = experiment(cfg)
+    if after:  # steps known not to apply are refused now, not after hours of training
+        from neurofed.pipeline import plan_steps
+
+        plan = plan_steps(cfg, exp)
     device = describe_device(exp.device)
-    if progress:
-        print(f"neurofed: training on {device_line(device)}", file=sys.stderr, flush=True)
+    log.info("training on %s", device_line(device), extra={"console": progress})
     dump_config(cfg, out / "config.yaml")
     (out / "partition.json").write_text(json.dumps({"label_counts": exp.counts.tolist()}))
     start = 0
@@ -447,11 +465,13 @@ def _run(cfg: dict, out: Path, resume: bool, progress: bool, after: bool,
 
     rounds = cfg["federation"]["rounds"]
     bar = None
+    fl_progress.show(progress)  # the clients' and batches' bars inside a round
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=rounds, initial=start, desc=f"{cfg['algorithm']['name']} rounds", unit="round",
                    dynamic_ncols=True)
+    tensorboard = TensorBoardLog.for_run(cfg, out)
     t_run = time.perf_counter()
     prior_time = sum(h.get("wall_time_s", 0.0) for h in history)
     for rnd in range(start + 1, rounds + 1):
@@ -467,14 +487,21 @@ def _run(cfg: dict, out: Path, resume: bool, progress: bool, after: bool,
         save_state(out / CHECKPOINT, {**exp.checkpoint_state(rnd), "best": best}, "checkpoint")
         save_state(out / MODEL_LAST, model, "model")
         history.append(record)
+        if tensorboard is not None:
+            tensorboard.round(record)
+        log.info("round %d: accuracy %.4f, %d client(s) trained, %.1f s", rnd, record["accuracy"],
+                 len(record["trained"]), record["wall_time_s"])
         if bar is not None:
             bar.update(1)
             bar.set_postfix(acc=f"{record['accuracy']:.3f}", rate=f"{record.get('firing_rate') or 0:.3f}")
     if bar is not None:
         bar.close()
+    fl_progress.show(False)
 
     summary = summarize(history, cfg, prior_time + time.perf_counter() - t_run)
     summary["num_params"] = exp.spec.size
+    # final_accuracy / best_accuracy: the global model on these samples and input spikes
+    summary["accuracy_measured_on"] = measured_on(cfg["data"], len(exp.y_test), len(exp.y_test), "eval")
     if exp.dataset.info.get("subset"):  # data.train_subset / data.test_subset: not the whole data set
         summary["data_subset"] = exp.dataset.info["subset"]
     if exp.dataset.info.get("files_identified"):  # which files were verified as the data set's, and how
@@ -483,6 +510,7 @@ def _run(cfg: dict, out: Path, resume: bool, progress: bool, after: bool,
     summary["models_kept"] = {"last": MODEL_LAST, "best": MODEL_BEST}
     summary["device"] = device
     summary["kernels"] = exp.kernels  # the fast-kernel variant this process (the server's) loaded
+    summary["environment"] = environment()
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2).encode())
     from neurofed.plots import plot_accuracy, write_class_coverage
 
@@ -498,7 +526,14 @@ def _run(cfg: dict, out: Path, resume: bool, progress: bool, after: bool,
     if after:
         from neurofed.pipeline import after_training
 
-        after_training(out, cfg, exp, summary)
+        summary["after_training"] = after_training(out, cfg, exp, summary, plan)
+        _atomic_write(out / "summary.json", json.dumps(summary, indent=2).encode())
+    if tensorboard is not None:
+        if after and summary["after_training"].get("energy", {}).get("status") == "ok":
+            tensorboard.energy(out, rounds)
+        tensorboard.close()
+    log.info("finished: final accuracy %.4f after %d rounds", summary["final_accuracy"] or 0.0, summary["rounds"])
+    close_run_log()
     return summary
 
 

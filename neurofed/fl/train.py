@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from neurofed.data.encoding import encode_for
 from neurofed.device import model_device
+from neurofed.fl import progress
 
 
 def make_optimizer(parameters, fed_cfg: dict) -> torch.optim.Optimizer:
@@ -118,6 +119,7 @@ def train_local(model, x: torch.Tensor, y: torch.Tensor, cfg: dict, hooks, seed:
     # float64 on the model's device: the same sums as Python floats, without a sync per step
     total = torch.zeros((), dtype=torch.float64, device=device)
     steps, seen = 0, 0
+    shown = progress.bar(-(-len(x) // fed["batch_size"]) * fed["local_epochs"], "batches", level=2, unit="batch")
     # encoded on the CPU (same spikes on every device) and moved batch by batch
     for idx, xb, yb in device_batches(encoded_batches(model, x, y, data_cfg, fed["batch_size"], gen,
                                                       fed["local_epochs"], device=device), device):
@@ -131,6 +133,8 @@ def train_local(model, x: torch.Tensor, y: torch.Tensor, cfg: dict, hooks, seed:
         total += loss.detach().double() * len(idx)
         seen += len(idx)
         steps += 1
+        shown.update(1)
+    shown.close()
     return {"train_loss": float(total) / max(seen, 1), "steps": steps}
 
 

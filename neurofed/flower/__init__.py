@@ -10,7 +10,7 @@ metrics as ``MetricRecord`` (:mod:`neurofed.flower.records`); the strategy is
 Importing this package keeps Flower and Ray from calling home (telemetry, update
 checks, usage statistics) unless the environment already says otherwise; the
 command-line tools (``flwr``, ``flower-superlink``, ``flower-supernode``) read the
-same variables from the shell (README, "Flower").
+same variables from the shell (docs/flower.md).
 """
 
 import os

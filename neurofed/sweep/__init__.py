@@ -50,6 +50,8 @@ __all__ = ["Sweep", "add_commands", "default_workers", "load_sweep", "point_conf
 def cmd_sweep(args) -> int:
     rows = run_sweep(args.sweep, out=args.out, workers=args.workers, resume=args.resume, progress=not args.quiet)
     out = Path(args.out) if args.out else Path("sweeps") / load_sweep(args.sweep).name
+    if not rows:  # the report was refused (said why on stderr)
+        return 1
     print((out / "results.md").read_text(), end="")
     print(f"{len(rows)} points -> {out / 'results.md'}, {out / 'results.csv'}")
     return 1 if any(r["failed"] for r in rows) else 0

@@ -70,9 +70,26 @@ def _stats(values: list) -> tuple[float | None, float | None]:
     return float(np.mean(vals)), (float(np.std(vals, ddof=1)) if len(vals) > 1 else None)
 
 
+class ReportRefused(ConfigError):
+    """The tables were left as they are: there is nothing to read, or the runs on disk
+    hold less than the tables already written."""
+
+
+def _recorded_seeds(path: Path) -> dict[str, int]:
+    """Finished seeds per point in an existing results.csv (empty when there is none)."""
+    if not path.is_file():
+        return {}
+    with path.open(newline="") as fh:
+        return {r["point"]: int(r["seeds"] or 0) for r in csv.DictReader(fh) if r.get("point")}
+
+
 def report(directory: str | Path) -> list[dict]:
     """(Re)write ``results.csv``, ``results.md``, ``runs.csv`` and the plots of a sweep
-    directory from its finished runs; return one row per point."""
+    directory from its finished runs; return one row per point.
+
+    Never overwrites a table with less than it holds: with no run directories to read,
+    or fewer finished seeds for a point than results.csv records, it raises
+    :class:`ReportRefused` and writes nothing."""
     directory = Path(directory)
     meta = directory / "sweep.json"
     if not meta.is_file():
@@ -103,6 +120,16 @@ def report(directory: str | Path) -> list[dict]:
         for s, r in runs.items():
             run_rows.append({"run": point.run_id(s), "seed": s, "status": r["status"],
                              **{m: r.get(m) for m in METRICS}, "error": r.get("error", "")})
+    if not any(r["status"] != "missing" for r in run_rows):
+        raise ReportRefused(f"{directory}: no runs to read under {directory / 'runs'} "
+                            f"(0 of {len(run_rows)} run directories); tables left as they are")
+    recorded = _recorded_seeds(directory / "results.csv")
+    fewer = [f"{r['point']} ({r['seeds']} < {recorded[r['point']]})" for r in rows
+             if recorded.get(r["point"], 0) > r["seeds"]]
+    if fewer:
+        raise ReportRefused(f"{directory}: the runs on disk hold fewer finished seeds than results.csv records for "
+                            f"{len(fewer)} point(s), e.g. {fewer[0]}; tables left as they are "
+                            f"(delete results.csv to rebuild from what is there)")
     _write_csv(directory / "results.csv", sweep, rows)
     _write_run_csv(directory / "runs.csv", run_rows)
     (directory / "results.md").write_text(_markdown(sweep, rows))

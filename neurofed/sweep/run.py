@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -14,7 +15,7 @@ import yaml
 
 from neurofed.config import ConfigError
 from neurofed.sweep.grid import Sweep, load_sweep, point_configs
-from neurofed.sweep.report import report
+from neurofed.sweep.report import ReportRefused, report
 
 
 def _cores() -> int:
@@ -158,7 +159,11 @@ def run_sweep(path: str | Path, out: str | Path | None = None, workers: int | No
     finally:
         if bar is not None:
             bar.close()
-        rows = report(out)
+        try:
+            rows = report(out)
+        except ReportRefused as exc:  # e.g. interrupted before any run finished
+            print(f"neurofed sweep: {exc}", file=sys.stderr)
+            rows = []
     for f in failed:
         print(f"neurofed sweep: {f['run']} failed: {f['error']} (see {out / 'runs' / f['run'] / 'error.txt'})")
     return rows
