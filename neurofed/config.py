@@ -88,6 +88,9 @@ CORE_DEFAULTS: dict[str, Any] = {
         "fast_gradients": False,
         # where local training and the global evaluation run (neurofed.device): auto | cpu | cuda | cuda:N
         "device": "auto",
+        # CUDA float32 convolutions and matmuls (neurofed.device.configure_cuda): auto (torch's
+        # defaults: TF32 convolutions) | false (IEEE float32 everywhere) | true (TF32 everywhere)
+        "tf32": "auto",
     },
     "export": True,
     "lava": {"samples": 0, "backend": "fixed_pt"},
@@ -208,6 +211,10 @@ def check_device(value) -> str | None:
     return DEVICE_HELP
 
 
+def check_tf32(value) -> str | None:
+    return None if value == "auto" or isinstance(value, bool) else "allowed: auto, true, false"
+
+
 def _core_checks() -> dict[str, Check]:
     return {
         "seed": number(0, integer=True),
@@ -234,6 +241,7 @@ def _core_checks() -> dict[str, Check]:
         "federation.fast_kernels": boolean,
         "federation.fast_gradients": boolean,
         "federation.device": check_device,
+        "federation.tf32": check_tf32,
         "export": boolean,
         "lava.samples": number(0, integer=True),
         "lava.backend": choice(("fixed_pt", "loihi2")),

@@ -29,7 +29,7 @@ from neurofed.config import ConfigError, dump_config
 from neurofed.data import load_dataset
 from neurofed.data.encoding import as_tensor
 from neurofed.data.partition import label_counts, partition
-from neurofed.device import describe_device, device_line, resolve_device
+from neurofed.device import configure_cuda, describe_device, device_line, resolve_device
 from neurofed.fl.params import ParamSpec
 from neurofed.fl.privacy import SEEDED, Accountant
 from neurofed.fl.seeds import rng_for, seed_for
@@ -79,6 +79,7 @@ class RoundTraining:
 def configure_compute(cfg: dict) -> None:
     """This process's torch threads and fast kernels as ``federation`` says (the in-process
     runner and every Flower ClientApp: the same bits)."""
+    configure_cuda(cfg["federation"].get("tf32", "auto"))
     threads = cfg["federation"].get("threads")
     if threads:
         torch.set_num_threads(int(threads))
