@@ -53,8 +53,11 @@ def resolve_device(value: str = "auto") -> torch.device:
     return device
 
 
-def configure_cuda(tf32="auto") -> None:
-    """``federation.tf32``: how CUDA computes float32 convolutions and matmuls (process-wide).
+def configure_cuda(tf32="auto", gpu_kernels=False) -> None:
+    """``federation.gpu_kernels`` (see :mod:`neurofed.gpu.cuba_triton`; a ``true`` that
+    cannot be honoured on a GPU is a :class:`ConfigError`) and ``federation.tf32``.
+
+    ``tf32``: how CUDA computes float32 convolutions and matmuls (process-wide).
 
     ``auto`` leaves torch's defaults (cuDNN convolutions in TF32, matmuls in float32);
     ``false`` makes both IEEE float32; ``true`` both TF32. TF32 rounds each operand to an
@@ -67,10 +70,15 @@ def configure_cuda(tf32="auto") -> None:
     their spikes are the CPU's with any setting, as long as cuDNN sums directly (GEMM or
     direct convolution; a Winograd or FFT algorithm transforms the operands and rounds):
     ``scripts/gpu_check.sh`` counts the differing spikes on the GPU."""
-    if tf32 == "auto":
-        return
-    torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
-    torch.backends.cudnn.allow_tf32 = bool(tf32)
+    from neurofed.gpu import cuba_triton
+
+    if gpu_kernels is True and torch.cuda.is_available() and not cuba_triton.available():
+        raise ConfigError("federation.gpu_kernels: got true; Triton does not import with torch "
+                          f"{torch.__version__}; allowed here: auto, false")
+    cuba_triton.configure(gpu_kernels)
+    if tf32 != "auto":
+        torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
+        torch.backends.cudnn.allow_tf32 = bool(tf32)
 
 
 def _cpu_name() -> str:
@@ -86,6 +94,15 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _fused_cuba() -> str:
+    from neurofed import kernels
+    from neurofed.gpu import cuba_triton
+
+    if not cuba_triton.enabled():
+        return "stock SLAYER"
+    return "neurofed Triton" if kernels.is_enabled() else "stock SLAYER (federation.fast_kernels is off)"
+
+
 def describe_device(device: torch.device) -> dict:
     """What ran, for the run log and ``summary.json``: device, name, torch (and CUDA)."""
     device = torch.device(device)
@@ -98,7 +115,8 @@ def describe_device(device: torch.device) -> dict:
         slayer()  # its CUDA fixes: the arch list its kernels are built for
         info.update(name=props.name, cuda=torch.version.cuda, capability=f"{props.major}.{props.minor}",
                     memory_gib=round(props.total_memory / 2**30, 1), slayer_cuda_arch=current_arch_list(),
-                    tf32_conv=torch.backends.cudnn.allow_tf32, tf32_matmul=torch.backends.cuda.matmul.allow_tf32)
+                    tf32_conv=torch.backends.cudnn.allow_tf32, tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+                    fused_cuba=_fused_cuba())
     else:
         info.update(name=_cpu_name(), threads=torch.get_num_threads())
     return info
@@ -110,7 +128,8 @@ def device_line(info: dict) -> str:
     if info.get("cuda"):
         onoff = {True: "on", False: "off"}
         extra = (f", CUDA {info['cuda']}, SLAYER kernels for {info.get('slayer_cuda_arch')}, TF32 conv "
-                 f"{onoff.get(info.get('tf32_conv'), '?')}, matmul {onoff.get(info.get('tf32_matmul'), '?')}")
+                 f"{onoff.get(info.get('tf32_conv'), '?')}, matmul {onoff.get(info.get('tf32_matmul'), '?')}, CUBA neurons: "
+                 f"{info.get('fused_cuba', '?')}")
     else:
         extra = f", {info.get('threads')} threads"
     return f"{info['device']} ({info.get('name', '?')}{extra})"

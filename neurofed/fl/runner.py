@@ -79,7 +79,7 @@ class RoundTraining:
 def configure_compute(cfg: dict) -> None:
     """This process's torch threads and fast kernels as ``federation`` says (the in-process
     runner and every Flower ClientApp: the same bits)."""
-    configure_cuda(cfg["federation"].get("tf32", "auto"))
+    configure_cuda(cfg["federation"].get("tf32", "auto"), cfg["federation"].get("gpu_kernels", False))
     threads = cfg["federation"].get("threads")
     if threads:
         torch.set_num_threads(int(threads))

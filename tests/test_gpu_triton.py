@@ -1,0 +1,140 @@
+"""The fused CUBA neuron in Triton, run on the CPU by Triton's interpreter
+(TRITON_INTERPRET=1): bit for bit the CPU kernel's (hence stock SLAYER's) spikes,
+last states and gradients, and a digits-CNN training step through the patched blocks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+# Triton reads TRITON_INTERPRET when it is imported: set it before anything imports it
+_TRITON_PRELOADED = "triton" in sys.modules
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from neurofed import kernels  # noqa: E402
+from neurofed.compat import slayer  # noqa: E402
+from neurofed.gpu import cuba_triton  # noqa: E402
+from neurofed.kernels import ops, patches  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(not cuba_triton.available(), reason="Triton is not installed"),
+    pytest.mark.skipif(not kernels.enable(), reason="neurofed's CPU kernels are unavailable"),
+]
+
+
+@pytest.fixture
+def interpret(request):
+    """Triton's interpreter (numpy on the CPU) runs the kernels; if Triton was imported
+    earlier in this session without it, the test runs in a fresh interpreter instead."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("a CUDA GPU is present: the kernels run on it (tests marked gpu)")
+    if _TRITON_PRELOADED and not os.environ.get("NF_TRITON_SUBPROCESS"):
+        env = dict(os.environ, TRITON_INTERPRET="1", NF_TRITON_SUBPROCESS="1")
+        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid],
+                             capture_output=True, text=True, env=env, timeout=600)
+        assert res.returncode == 0, res.stdout[-3000:]
+        pytest.skip("passed in a fresh interpreter (Triton was imported before TRITON_INTERPRET)")
+
+
+def _neuron(threshold=1.25, cdecay=0.25, vdecay=0.03, scale=1 << 6):
+    cuba = slayer().neuron.cuba
+    return cuba.Neuron(threshold=threshold, current_decay=cdecay, voltage_decay=vdecay, scale=scale)
+
+
+def _inputs(shape, seed, grid=64):
+    """Synaptic sums as 8-bit weights give them (multiples of 1/grid), many landing the
+    voltage on theta."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-40, 120, shape, generator=g).float() / grid
+
+
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("vdecay", [0.0, 0.03])
+def test_forward_and_backward_equal_the_cpu_kernel(interpret, shift, vdecay):
+    neuron = _neuron(vdecay=vdecay)
+    z = _inputs((3, 50, 37), seed=1)  # R = 150 rows: two Triton programs, one partly masked
+    p = patches._cuba_constants(neuron)
+    state = torch.zeros(z.shape[:-1])
+    grad = torch.randn(z.shape, generator=torch.Generator().manual_seed(2))
+    outs = {}
+    for name, fn in (("cpu", ops._FusedCuba), ("triton", cuba_triton.FusedCuba)):
+        x = z.clone().requires_grad_(True)
+        spike, _, _ = fn.apply(x, state, state, p, False, True, shift)
+        spike.backward(grad)
+        outs[name] = spike.detach(), x.grad
+    (s_cpu, g_cpu), (s_tr, g_tr) = outs["cpu"], outs["triton"]
+    assert s_cpu.sum() > 100 and (g_cpu != 0).sum() > 1000  # spiking, with gradients
+    assert torch.equal(s_tr, s_cpu)
+    assert torch.equal(g_tr, g_cpu)  # bitwise, incl. the sign of zeros: torch.equal on floats
+    assert torch.equal(torch.signbit(g_tr), torch.signbit(g_cpu))
+
+
+@pytest.mark.parametrize("scale", [1 << 6, 48])  # w_scale 4096, and 3072 (divisions, not products)
+def test_last_states_and_nonzero_initial_states_equal_the_cpu_kernel(interpret, scale):
+    neuron = _neuron(cdecay=0.5, vdecay=0.1, scale=scale)
+    z = _inputs((2, 70, 9), seed=4)
+    g = torch.Generator().manual_seed(5)
+    cstate = torch.randint(-64, 64, z.shape[:-1], generator=g).float() / 64
+    vstate = torch.randint(-64, 80, z.shape[:-1], generator=g).float() / 64
+    p = patches._cuba_constants(neuron)
+    ref = ops._FusedCuba.apply(z, cstate, vstate, p, True, False, False)
+    got = cuba_triton.FusedCuba.apply(z, cstate, vstate, p, True, False, False)
+    for a, b in zip(ref, got):
+        assert torch.equal(a, b)
+
+
+def test_forward_equals_stock_slayer_with_threshold_landings(interpret):
+    """Against stock SLAYER's own code (no neurofed kernel): spikes and the voltage at
+    theta not reset (Loihi's v > theta)."""
+    neuron = _neuron(threshold=1.0, cdecay=1.0, vdecay=0.0)  # current = input; voltage integrates
+    z = torch.full((1, 4, 6), 0.5)
+    with kernels.enabled(False):
+        stock = neuron(z)
+    got, _, _ = cuba_triton.FusedCuba.apply(z, torch.zeros(1, 4), torch.zeros(1, 4),
+                                            patches._cuba_constants(neuron), False, False, False)
+    # v = 0.5, 1.0 (= theta: no spike, no reset), 1.5 (spike, reset), 0.5, 1.0, 1.5 (spike)
+    assert stock[0, 0].tolist() == [0.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    assert torch.equal(got, stock)
+
+
+def test_digits_cnn_training_step_through_the_triton_path_equals_stock(interpret, monkeypatch):
+    """The patched blocks with CUDA's choice of kernel taken on CPU tensors: every CUBA
+    neuron of the digits CNN (8-bit weights, one-step delay) runs the Triton kernels; the
+    output spikes, loss and every parameter gradient equal stock SLAYER's bit for bit."""
+    from neurofed.config import load_config
+    from neurofed.models import build_model
+
+    cfg = load_config("examples/digits_fedavg.yaml", [("data.timesteps", 8)])
+    calls = []
+
+    class Counted:
+        @staticmethod
+        def apply(*args):
+            calls.append(tuple(args[0].shape))
+            return cuba_triton.FusedCuba.apply(*args)
+
+    def step(fast: bool):
+        torch.manual_seed(0)
+        model = build_model(cfg["model"], (1, 8, 8), 10)
+        x = (torch.rand(4, 1, 8, 8, 8, generator=torch.Generator().manual_seed(3)) < 0.5).float()
+        with kernels.enabled(fast):
+            outs = [x]
+            for block in model.blocks:
+                outs.append(block(outs[-1]))
+            loss = torch.nn.functional.cross_entropy(outs[-1].mean(-1) * 4, torch.arange(4))
+            loss.backward()
+        return outs[1:], loss.detach(), [p.grad for p in model.parameters() if p.grad is not None]
+
+    stock = step(False)
+    monkeypatch.setattr(patches, "_fused_cuba_fn", lambda _input: Counted)
+    fast = step(True)
+    assert len(calls) >= 3, "the Triton kernel was not used"
+    assert stock[0][0].sum() > 1000 and stock[0][2].sum() > 100  # the conv layers spike
+    assert all(torch.equal(a, b) for a, b in zip(stock[0], fast[0])) and torch.equal(stock[1], fast[1])
+    assert len(stock[2]) == len(fast[2]) > 0 and all(torch.equal(a, b) for a, b in zip(stock[2], fast[2]))
+    assert any(g.abs().sum() > 0 for g in stock[2][:-1])  # gradients reach the first layers
