@@ -228,7 +228,8 @@ def test_gpu_benchmark_smoke_on_the_cpu():
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "digits cnn (default): IDENTICAL" in res.stdout and "round 2:" in res.stdout
-    assert "RESULT device=cpu" in res.stdout
+    assert "RESULT spikes digits cnn [default]: 0 spike values differ" in res.stdout
+    assert "RESULT throughput svgg9 batch 2 T=4: stock SLAYER " in res.stdout
 
 
 @pytest.mark.gpu

@@ -230,3 +230,22 @@ def test_exact_threshold_passes_the_kernels_float32_as_the_cpus_integer(theta_in
         value = slayer_cuda.exact_threshold(th, w_scale)
         kernel_int = int(np.float32(np.float32(value) * np.float32(w_scale)))
         assert kernel_int == theta_int + 1  # the CPU's first resetting integer: v > theta
+
+
+# --------------------------------------------------------------------------- on a CUDA GPU
+@pytest.mark.gpu
+def test_on_the_gpu_slayer_builds_for_this_device_and_resets_as_the_cpu():
+    """The real JIT build (sm_XY of this GPU + PTX) and the real CUDA kernel, fed voltages
+    landing on theta: equal to the CPU path bit for bit."""
+    major, minor = torch.cuda.get_device_capability(0)
+    arch = slayer_cuda.current_arch_list()
+    assert arch is not None and arch.endswith("+PTX") and arch != "8.0"
+    if (major, minor) <= max(divmod(int(a[3:].rstrip("a")), 10) for a in torch.cuda.get_arch_list() if a.startswith("sm_")):
+        assert f"{major}.{minor}" in arch
+    w_scale, theta = 4096, 1.25
+    th = theta + 0.01 / w_scale
+    x = _on_theta_inputs(theta, w_scale)
+    d, state = torch.tensor([0.0]), torch.zeros(x.shape[:-1])
+    cpu = LI._li_dynamics_fwd(x, d, state, th, w_scale, dtype=torch.int64)
+    gpu = LI.dynamics(x.cuda(), d.cuda(), state.cuda(), w_scale, th).cpu()
+    assert torch.equal(gpu, cpu)

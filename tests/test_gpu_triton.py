@@ -138,3 +138,26 @@ def test_digits_cnn_training_step_through_the_triton_path_equals_stock(interpret
     assert all(torch.equal(a, b) for a, b in zip(stock[0], fast[0])) and torch.equal(stock[1], fast[1])
     assert len(stock[2]) == len(fast[2]) > 0 and all(torch.equal(a, b) for a, b in zip(stock[2], fast[2]))
     assert any(g.abs().sum() > 0 for g in stock[2][:-1])  # gradients reach the first layers
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shift", [False, True])
+def test_on_the_gpu_triton_equals_the_cpu_kernel(shift):
+    """Compiled for this GPU: spikes and last states bit for bit; gradients equal up to
+    CUDA's expf (the only operation not the CPU's: an ulp, carried through the sums)."""
+    neuron = _neuron()
+    z = _inputs((8, 300, 24), seed=7)
+    p = patches._cuba_constants(neuron)
+    state = torch.zeros(z.shape[:-1])
+    grad = torch.randn(z.shape, generator=torch.Generator().manual_seed(8))
+    xc = z.clone().requires_grad_(True)
+    sc, _, _ = ops._FusedCuba.apply(xc, state, state, p, False, True, shift)
+    sc.backward(grad)
+    xg = z.cuda().requires_grad_(True)
+    sg, _, _ = cuba_triton.FusedCuba.apply(xg, state.cuda(), state.cuda(), p, False, True, shift)
+    sg.backward(grad.cuda())
+    assert torch.equal(sg.cpu(), sc.detach())
+    torch.testing.assert_close(xg.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-6)
+    ref = ops._FusedCuba.apply(z, state + 0.5, state - 0.25, p, True, False, False)
+    got = cuba_triton.FusedCuba.apply(z.cuda(), (state + 0.5).cuda(), (state - 0.25).cuda(), p, True, False, False)
+    assert all(torch.equal(a, b.cpu()) for a, b in zip(ref, got))
