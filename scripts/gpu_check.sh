@@ -134,11 +134,11 @@ EOF
 if [ "$MODE" = gpu ]; then
   # (not the small benchmark run of test_device: step 4 runs the benchmark itself)
   run gpu-tests $((80 * K)) "$PY" -m pytest -q -p no:cacheprovider -m gpu -k "not benchmark" \
-    tests/test_gpu_slayer_cuda.py tests/test_gpu_triton.py tests/test_device.py
+    tests/test_gpu_slayer_cuda.py tests/test_gpu_triton.py tests/test_gpu_rng.py tests/test_device.py
 else
   # no GPU: the CPU-checkable tests of the same files (fake capabilities, interpreted Triton)
   run cpu-tests $((80 * K)) "$PY" -m pytest -q -p no:cacheprovider -m "not slow" \
-    tests/test_gpu_slayer_cuda.py tests/test_gpu_triton.py
+    tests/test_gpu_slayer_cuda.py tests/test_gpu_triton.py tests/test_gpu_rng.py
 fi
 
 # ---------------------------------------------------------------------------- 3. figures
