@@ -32,7 +32,7 @@ Three measurements on ``--device`` (default ``cuda``):
    train / aggregate / evaluate (round 1 includes CUDA's warm-up; round 2 does not),
    and the parameter copy to and from the device per client.
 
-Each figure is also printed as a ``RESULT`` line (when measured, and again at the end).
+Each figure is also printed as a ``RESULT`` line when it is measured.
 ``scripts/gpu_check.sh`` runs this benchmark part by part with the GPU tests.
 
     python benchmarks/gpu_throughput.py --save                  # on a GPU machine
@@ -69,15 +69,15 @@ class Report(_Report):
     def __init__(self) -> None:
         super().__init__()
         self.results: list[str] = []
+        self.device = ""  # "[cuda:0: NVIDIA H100 ...]", set once the device is known
 
     def text(self) -> str:
         return self._buf.getvalue()
 
     def result(self, line: str) -> None:
-        """A figure for the summary: a ``RESULT`` line now (a later part may not finish),
-        and again at the end."""
+        """A figure as a ``RESULT`` line, printed when measured (a later part may not finish)."""
         self.results.append(line)
-        self.emit(f"RESULT {line}")
+        self.emit(f"RESULT {line} {self.device}")
 
 
 STANDIN = "cifar10_standin"
@@ -454,6 +454,7 @@ def main(argv=None) -> int:
         print("gpu_throughput: note: full sizes on the CPU take hours; add --small", file=sys.stderr)
     info = describe_device(device)
     rep = Report()
+    rep.device = f"[{info['device']}: {info['name']}]"
     rep.emit(machine_header("gpu_throughput"))
     rep.emit(f"# device: {device_line(info)}; {json.dumps(info)}")
     if device.type == "cuda":
@@ -485,10 +486,6 @@ def main(argv=None) -> int:
     if "round" not in skip:
         rep.emit(f"\n## one FedAvg round, FedSNN CIFAR-10-like, on {device} (random CIFAR-shaped stand-in)")
         results["round"] = fedavg_round(args, device, rep)
-    if rep.results:
-        rep.emit("")
-    for line in rep.results:
-        rep.emit(f"RESULT {line} [{info['device']}: {info['name']}]")
     if args.save:
         parts = [p for p in ("spikes", "throughput", "round") if p not in skip]
         name = f"gpu_throughput_{device.type}" + ("" if len(parts) == 3 else "_" + "-".join(parts))

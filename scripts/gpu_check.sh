@@ -76,7 +76,7 @@ if [ "$MODE" = gpu ]; then
   fi
   command -v nvcc >/dev/null || say "warning: nvcc not on PATH: SLAYER's CUDA kernels cannot compile (add the CUDA toolkit's bin/)"
 fi
-need_bench="import yaml, tqdm, h5py, matplotlib, ninja; import lava.lib.dl.slayer"
+need_bench="import yaml, tqdm, h5py, matplotlib, ninja; from neurofed.compat import slayer; slayer()"
 if ! "$PY" -c "$need_bench" 2>/dev/null; then
   if [ -d "$WHEELS/bench" ]; then
     say "installing the carried wheels from $WHEELS/bench (no registry needed)"
@@ -151,7 +151,7 @@ run round $((110 * K)) "$PY" "${B[@]}" --skip spikes,throughput
 
 # ---------------------------------------------------------------------------- summary
 echo | tee -a "$LOG"
-grep -h '^RESULT ' "$LOG" | sort -u > "$OUT/gpu_check_$MODE.results" || true
+grep -h '^RESULT ' "$LOG" | awk '!seen[$0]++' > "$OUT/gpu_check_$MODE.results" || true
 cat "$OUT/gpu_check_$MODE.results"
 failed=0
 for s in "${STATUS[@]}"; do
