@@ -161,3 +161,53 @@ def test_on_the_gpu_triton_equals_the_cpu_kernel(shift):
     ref = ops._FusedCuba.apply(z, state + 0.5, state - 0.25, p, True, False, False)
     got = cuba_triton.FusedCuba.apply(z.cuda(), (state + 0.5).cuda(), (state - 0.25).cuda(), p, True, False, False)
     assert all(torch.equal(a, b.cpu()) for a, b in zip(ref, got))
+
+
+COMPILE = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from neurofed.gpu import _triton_kernels as K
+
+fwd_sig = {n: "*fp32" for n in ("z", "cstate", "vstate", "spike", "earg", "clast", "vlast")}
+fwd_sig.update({n: "i32" for n in ("R", "T", "cd", "vd")}, **{n: "fp32" for n in ("ws", "iws", "rth", "sth", "tf")})
+fwd_sig.update({n: "constexpr" for n in ("POW2", "RESET", "SHIFT", "EARG", "LAST", "BLOCK")})
+bwd_sig = {"ex": "*fp32", "g": "*fp32", "out": "*fp32", "R": "i32", "T": "i32", "a": "fp32", "fv": "fp32", "fc": "fp32",
+           "SHIFT": "constexpr", "BLOCK": "constexpr"}
+out = []
+for cap in (90, 120):
+    for fusion in (False, True):
+        for kernel, sig, const in (
+            (K.cuba_fwd, fwd_sig, dict(POW2=False, RESET=True, SHIFT=True, EARG=True, LAST=True, BLOCK=128)),
+            (K.cuba_fwd, fwd_sig, dict(POW2=True, RESET=True, SHIFT=False, EARG=True, LAST=False, BLOCK=128)),
+            (K.cuba_bwd, bwd_sig, dict(SHIFT=1, BLOCK=128)),
+        ):
+            k = triton.compile(ASTSource(kernel, sig, constexprs=const), target=GPUTarget("cuda", cap, 32),
+                               options={"enable_fp_fusion": fusion})
+            ptx = k.asm["ptx"]
+            out.append({"cap": cap, "fusion": fusion, "kernel": kernel.__name__, "pow2": const.get("POW2"),
+                        "fma": "fma." in ptx, "div_rn": "div.rn.f32" in ptx,
+                        "div_approx": "div.approx" in ptx or "div.full" in ptx, "cubin": len(k.asm.get("cubin", b""))})
+print(json.dumps(out))
+"""
+
+
+def test_kernels_compile_for_sm90_and_sm120_without_fma_and_with_ieee_division(tmp_path):
+    """Compiled (not interpreted) by Triton for Hopper and Blackwell on this CPU machine, as
+    launched: no contracted multiply-add (the CPU rounds each product and sum; with fusion
+    allowed Triton does contract them, so the option matters) and IEEE division."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compile now, not from an earlier cache
+    res = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=600)
+    if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr.lower():
+        pytest.skip("Triton's ptxas is unavailable here")
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(res.stdout.strip().splitlines()[-1])
+    launched = [r for r in rows if not r["fusion"]]
+    assert len(launched) == 6 and all(r["cubin"] > 0 for r in rows)  # ptxas accepted sm_90 and sm_120
+    assert not any(r["fma"] for r in launched)
+    assert any(r["fma"] for r in rows if r["fusion"] and r["kernel"] == "cuba_bwd")
+    assert all(r["div_rn"] and not r["div_approx"] for r in launched if r["pow2"] is False)
