@@ -76,18 +76,24 @@ if [ "$MODE" = gpu ]; then
   fi
   command -v nvcc >/dev/null || say "warning: nvcc not on PATH: SLAYER's CUDA kernels cannot compile (add the CUDA toolkit's bin/)"
 fi
+# The carried wheels go to a folder of their own (no system site-packages touched, no
+# "externally managed" refusal); it leads PYTHONPATH and its bin/ (ninja) PATH.
+case "$WHEELS" in /*) ;; *) WHEELS="$PWD/$WHEELS" ;; esac
+SITE="$WHEELS/site"
+export PYTHONPATH="$SITE:$PYTHONPATH" PATH="$SITE/bin:$PATH"
 need_bench="import yaml, tqdm, h5py, matplotlib, ninja; from neurofed.compat import slayer; slayer()"
 if ! "$PY" -c "$need_bench" 2>/dev/null; then
   if [ -d "$WHEELS/bench" ]; then
-    say "installing the carried wheels from $WHEELS/bench (no registry needed)"
-    "$PY" -m pip install --quiet --no-index --no-deps --ignore-requires-python "$WHEELS"/bench/*.whl 2>&1 | tee -a "$LOG"
-    # the neurofed wheel is for use elsewhere: this checkout is what runs (PYTHONPATH)
-    "$PY" -m pip uninstall --quiet --yes neurofed 2>/dev/null || true
+    say "installing the carried wheels from $WHEELS/bench into $SITE (no registry needed)"
+    # (not the neurofed wheel: this checkout is what runs)
+    find "$WHEELS/bench" -name '*.whl' ! -name 'neurofed-*' -print0 |
+      xargs -0 "$PY" -m pip install --quiet --no-index --no-deps --ignore-requires-python --upgrade --target "$SITE" \
+      2>&1 | tee -a "$LOG"
   fi
   "$PY" -c "$need_bench" || { say "missing packages and no wheels in $WHEELS/bench: run scripts/gpu_wheels.sh where a registry is reachable and carry $WHEELS here"; exit 2; }
 fi
 if ! "$PY" -c "import pytest, pytest_timeout" 2>/dev/null && [ -d "$WHEELS/tests" ]; then
-  "$PY" -m pip install --quiet --no-index --no-deps "$WHEELS"/tests/*.whl 2>&1 | tee -a "$LOG"
+  "$PY" -m pip install --quiet --no-index --no-deps --upgrade --target "$SITE" "$WHEELS"/tests/*.whl 2>&1 | tee -a "$LOG"
 fi
 "$PY" - <<'EOF' 2>&1 | tee -a "$LOG"
 import shutil, subprocess, torch
