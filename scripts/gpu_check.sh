@@ -119,7 +119,7 @@ DEV=cuda; SMALL=(); [ "$MODE" = cpu ] && DEV=cpu && SMALL=(--small)
 # SLAYER's CUDA kernels JIT-compile at first use (ninja + nvcc, about a minute), Triton's at
 # first launch: both done here once, so that no later step is killed inside a build (a
 # killed torch build leaves a lock that the next build would wait on)
-run build $((120 * K)) "$PY" - "$DEV" <<'EOF'
+run build $((150 * K)) "$PY" - "$DEV" <<'EOF'
 import sys, time, torch
 from neurofed import kernels
 from neurofed.compat import slayer
@@ -139,21 +139,21 @@ print(f"build: SLAYER's CUDA kernels and the Triton CUBA kernel ready in {time.t
 EOF
 if [ "$MODE" = gpu ]; then
   # (not the small benchmark run of test_device: step 4 runs the benchmark itself)
-  run gpu-tests $((80 * K)) "$PY" -m pytest -q -p no:cacheprovider -m gpu -k "not benchmark" \
+  run gpu-tests $((60 * K)) "$PY" -m pytest -q -p no:cacheprovider -m gpu -k "not benchmark" \
     tests/test_gpu_slayer_cuda.py tests/test_gpu_triton.py tests/test_gpu_rng.py tests/test_device.py
 else
   # no GPU: the CPU-checkable tests of the same files (fake capabilities, interpreted Triton)
-  run cpu-tests $((80 * K)) "$PY" -m pytest -q -p no:cacheprovider -m "not slow" \
+  run cpu-tests $((60 * K)) "$PY" -m pytest -q -p no:cacheprovider -m "not slow" \
     tests/test_gpu_slayer_cuda.py tests/test_gpu_triton.py tests/test_gpu_rng.py
 fi
 
 # ---------------------------------------------------------------------------- 3. figures
 # one part per run, each saved when it ends: $OUT/gpu_throughput_<cuda|cpu>_<part>.{txt,json}
 B=(benchmarks/gpu_throughput.py --device "$DEV" ${SMALL[@]+"${SMALL[@]}"} --save --out "$OUT")
-run spikes $((80 * K)) "$PY" "${B[@]}" --skip throughput,round
-run throughput $((80 * K)) "$PY" "${B[@]}" --skip spikes,round --batches "$([ "$MODE" = cpu ] && echo 2 || echo 64)" \
+run spikes $((70 * K)) "$PY" "${B[@]}" --skip throughput,round
+run throughput $((70 * K)) "$PY" "${B[@]}" --skip spikes,round --batches "$([ "$MODE" = cpu ] && echo 2 || echo 64)" \
   --repeat 3
-run round $((110 * K)) "$PY" "${B[@]}" --skip spikes,throughput
+run round $((120 * K)) "$PY" "${B[@]}" --skip spikes,throughput
 
 # ---------------------------------------------------------------------------- summary
 echo | tee -a "$LOG"
