@@ -18,9 +18,12 @@ Three measurements on ``--device`` (default ``cuda``):
    the batches already on the device (the compute alone);
    *neurofed*: :func:`neurofed.fl.train.train_local` on a client shard of images
    (Poisson encoding on the CPU per batch — on a GPU in a helper thread, up to two
-   batches ahead — the copy, the hooks). Both run the same SLAYER blocks on the
-   device, so their ratio is neurofed's overhead. The paths alternate, ``--repeat``
-   times; the medians are reported.
+   batches ahead — the copy, the hooks) with neurofed's kernels: on CUDA the fused
+   Triton CUBA neuron (``--gpu-kernels``, default auto: where Triton imports; false:
+   SLAYER's neurons, so the ratio is neurofed's loop overhead), on the CPU the C++ ones.
+   The stock loop runs with every neurofed patch off (SLAYER's CUDA leaky integrator
+   keeps neurofed's threshold fix: same speed, the CPU's spikes). The paths alternate,
+   ``--repeat`` times; the medians are reported.
 3. **One FedAvg round** of the FedSNN CIFAR-10 preset (``fedsnn_cifar10_iid.yaml``:
    S-VGG9, rate coding, T=20, 100 clients, 10 per round, 5 local epochs, batch 32, SGD
    lr 0.1 momentum 0.95) on a CIFAR-shaped stand-in: random uint8 images generated in
@@ -28,6 +31,9 @@ Three measurements on ``--device`` (default ``cuda``):
    runner (:class:`neurofed.fl.runner.Experiment`) runs it. Time per round split into
    train / aggregate / evaluate (round 1 includes CUDA's warm-up; round 2 does not),
    and the parameter copy to and from the device per client.
+
+Each figure is also printed as a ``RESULT`` line when it is measured.
+``scripts/gpu_check.sh`` runs this benchmark part by part with the GPU tests.
 
     python benchmarks/gpu_throughput.py --save                  # on a GPU machine
     python benchmarks/gpu_throughput.py --skip round --save --out DIR   # parts; results in DIR
@@ -60,8 +66,18 @@ from common import Report as _Report, machine_header  # noqa: E402
 
 
 class Report(_Report):
+    def __init__(self) -> None:
+        super().__init__()
+        self.results: list[str] = []
+        self.device = ""  # "[cuda:0: NVIDIA H100 ...]", set once the device is known
+
     def text(self) -> str:
         return self._buf.getvalue()
+
+    def result(self, line: str) -> None:
+        """A figure as a ``RESULT`` line, printed when measured (a later part may not finish)."""
+        self.results.append(line)
+        self.emit(f"RESULT {line} {self.device}")
 
 
 STANDIN = "cifar10_standin"
@@ -87,6 +103,36 @@ def get_tf32() -> tuple[bool, bool]:
 def set_tf32(conv: bool, matmul: bool) -> None:
     torch.backends.cudnn.allow_tf32 = conv
     torch.backends.cuda.matmul.allow_tf32 = matmul
+
+
+def gpu_kernels_on(setting) -> bool:
+    from neurofed.gpu import cuba_triton
+
+    return setting is True or (setting == "auto" and cuba_triton.available())
+
+
+class neurons:
+    """Run the body with CUBA neurons on CUDA by neurofed's Triton kernel (``True``) or by
+    SLAYER's own code (``False``); the CPU kernels are on in both (they touch CPU tensors
+    only)."""
+
+    def __init__(self, triton: bool):
+        self.triton = triton
+
+    def __enter__(self):
+        from neurofed import kernels
+        from neurofed.gpu import cuba_triton
+
+        self.saved = cuba_triton._setting
+        cuba_triton.configure(self.triton)
+        self.ctx = kernels.enabled(True)
+        self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        from neurofed.gpu import cuba_triton
+
+        self.ctx.__exit__(*exc)
+        cuba_triton.configure(self.saved)
 
 
 # ----------------------------------------------------------------------------- configs
@@ -147,26 +193,36 @@ def layer_spikes(model, x: torch.Tensor, data_cfg: dict, seed: int) -> list[torc
 
 
 def compare_spikes(name: str, device: torch.device, timesteps: int | None, n: int, rep: Report, scale: float,
-                   label: str, **model) -> dict:
+                   label: str, args_gpu_kernels="auto", **model) -> dict:
     cfg = net_config(name, timesteps, **model)
     timesteps = cfg["data"]["timesteps"]
     # SLAYER's weight_scale: at 1, most of S-VGG9 is silent at initialization, which
     # would make the comparison trivial (as in train_throughput's svgg9-live)
     cfg["model"]["weight_scale"] = scale
+    from neurofed import kernels
+
     cpu = build(name, cfg)
     dev = build(name, cfg, seed=1)
     dev.load_state_dict(cpu.state_dict())
     dev.to(device)
     x = images(n, input_shape(name), seed=7)
-    ref = layer_spikes(cpu, x, cfg["data"], seed=3)
+    with kernels.enabled(True):  # the CPU kernels: stock SLAYER's spikes bit for bit, faster
+        ref = layer_spikes(cpu, x, cfg["data"], seed=3)
     saved = get_tf32()
     out = {}
-    for mode, tf32 in [("default", None)] + ([("tf32-off", False)] if device.type == "cuda" else []):
+    modes = [("default", None, False)]
+    if device.type == "cuda":
+        modes.append(("tf32-off", False, False))
+        if gpu_kernels_on(args_gpu_kernels):
+            modes.append(("triton", None, True))
+    for mode, tf32, triton in modes:
         try:
             if tf32 is not None:
                 set_tf32(tf32, tf32)
-            got = layer_spikes(dev, x, cfg["data"], seed=3)
+            with neurons(triton):
+                got = layer_spikes(dev, x, cfg["data"], seed=3)
             note = f", {tf32_state()}" if device.type == "cuda" else ""
+            note += ", neurofed's Triton CUBA kernel" if triton else ", SLAYER's CUDA neurons" if device.type == "cuda" else ""
         except RuntimeError as exc:
             if tf32 is None:
                 raise
@@ -180,6 +236,8 @@ def compare_spikes(name: str, device: torch.device, timesteps: int | None, n: in
             rows.append({"layer": j, "values": a.numel(), "spikes_cpu": int(a.sum()), "spikes_dev": int(b.sum()),
                          "differ": int((a != b).sum()), "max_count_diff": int(counts.max())})
         total = sum(r["differ"] for r in rows)
+        rep.result(f"spikes {label} [{mode}]: {total} spike values differ from the CPU's "
+                   f"({'goal 0' if cfg['model']['quantize'] else 'float weights: no goal'})")
         out[mode] = {"layers": rows, "differing_values": total, "identical": total == 0, "timesteps": timesteps,
                      "model": {k: cfg["model"][k] for k in ("name", "quantize", "delay_shift") if k in cfg["model"]}}
         rep.emit(f"  {label} ({mode}{note}): {'IDENTICAL' if total == 0 else f'{total} spike values differ'} "
@@ -196,9 +254,16 @@ def stock_steps(model, batches, device, fed_cfg: dict) -> float:
     the config's optimizer (Adam for digits, SGD + momentum for FedSNN)."""
     from neurofed.fl.train import make_optimizer
 
+    from neurofed import kernels
+
     blocks = list(model.blocks)
     logit_scale = fed_cfg["logit_scale"]
     opt = make_optimizer(model.parameters(), fed_cfg)
+    with kernels.enabled(False):
+        return _stock_loop(blocks, batches, device, opt, logit_scale)
+
+
+def _stock_loop(blocks, batches, device, opt, logit_scale) -> float:
     sync(device)
     t0 = time.perf_counter()
     for x, y in batches:
@@ -220,18 +285,19 @@ def neurofed_steps(model, x, y, cfg, device) -> float:
     from neurofed.fl.train import train_local
 
     hooks = Client(cfg, ParamSpec.from_model(model), lambda: model)
-    sync(device)
-    t0 = time.perf_counter()
-    train_local(model, x, y, cfg, hooks, seed=11)
-    sync(device)
+    with neurons(gpu_kernels_on(cfg["federation"].get("gpu_kernels", False))):
+        sync(device)
+        t0 = time.perf_counter()
+        train_local(model, x, y, cfg, hooks, seed=11)
+        sync(device)
     return time.perf_counter() - t0
 
 
 def throughput(name: str, batch: int, timesteps: int | None, steps: int, repeat: int, device, rep: Report,
-               width: float) -> dict:
+               width: float, gpu_kernels="auto") -> dict:
     from neurofed.data.encoding import encode_for
 
-    cfg = net_config(name, timesteps, width)
+    cfg = net_config(name, timesteps, width, extra=(("federation.gpu_kernels", gpu_kernels),))
     cfg["federation"].update(batch_size=batch, local_epochs=1)
     timesteps = cfg["data"]["timesteps"]
     fed = cfg["federation"]
@@ -263,6 +329,11 @@ def throughput(name: str, batch: int, timesteps: int | None, steps: int, repeat:
              f"{device.type}: {n / r:9.1f}), neurofed {n / f:9.1f} samples/s, overhead {100 * (f / s - 1):+6.1f} % "
              f"({100 * (f / r - 1):+6.1f} % vs resident batches; medians of {repeat}; Poisson encoding on the CPU "
              f"{1e3 * encode_s:.2f} ms/batch)")
+    goal = {"digits": " (goal >= 3x)", "svgg9": " (goal >= 4x at batch 64)"}.get(name, "")
+    rep.result(f"throughput {name} batch {batch} T={timesteps}: stock SLAYER {n / s:.1f}, neurofed {n / f:.1f} "
+               f"samples/s: {s / f:.2f}x{goal}; neurons: "
+               f"{'Triton' if gpu_kernels_on(gpu_kernels) and device.type == 'cuda' else 'SLAYER'}")
+    row["speedup"] = s / f
     return row
 
 
@@ -294,7 +365,7 @@ def fedavg_round(args, device: torch.device, rep: Report) -> dict:
     """One FedAvg round (two: the first warms up) of the FedSNN CIFAR-10 preset on the stand-in."""
     from neurofed.fl.runner import Experiment
 
-    over = [("federation.device", str(device))]
+    over = [("federation.device", str(device)), ("federation.gpu_kernels", args.gpu_kernels)]
     if args.small:
         over += [("partition.num_clients", 4), ("federation.clients_per_round", 2), ("federation.local_epochs", 1)]
     cfg = net_config("svgg9", args.timesteps, 0.25 if args.small else 1.0, extra=tuple(over))
@@ -323,6 +394,10 @@ def fedavg_round(args, device: torch.device, rep: Report) -> dict:
                  f"({100 * rec['time_aggregate_s'] / wall:5.2f} %) + evaluate {rec['time_eval_s']:7.2f} s "
                  f"({100 * rec['time_eval_s'] / wall:5.1f} %); {row['samples_trained'] / rec['time_train_s']:.1f} "
                  f"training samples/s{' (includes warm-up)' if rnd == 1 else ''}")
+    last = rounds[-1]
+    rep.result(f"round {len(rounds)} (warm) FedSNN CIFAR-10 stand-in on {device}: {last['wall_time_s']:.2f} s "
+               f"(goal <= 6 s on an H100/H200), evaluation {100 * last['time_eval_s'] / last['wall_time_s']:.1f} % "
+               f"of it (goal <= 10 %)")
     # the parameter copy between the CPU messages and a device model, per client and round
     model = exp.new_train_model()
     flat = exp.server.params
@@ -351,6 +426,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default=None, help="S-VGG9 batch sizes (default 32,64,128: FedSNN, FedLEC, SFedCA)")
     ap.add_argument("--steps", type=int, default=None, help="training steps per timed run (default 20; --small 2)")
     ap.add_argument("--repeat", type=int, default=None, help="timed runs per path (default 5; --small 2)")
+    ap.add_argument("--gpu-kernels", default="auto", type=lambda v: {"true": True, "false": False}.get(v, v),
+                    choices=["auto", True, False],
+                    help="neurofed's path: CUBA neurons on CUDA by the Triton kernel (federation.gpu_kernels; "
+                         "default auto: where Triton imports)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: spikes,throughput,round")
     ap.add_argument("--save", action="store_true", help="write gpu_throughput_<device>[_<parts>].{txt,json} to --out")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "gpu"),
@@ -375,6 +454,7 @@ def main(argv=None) -> int:
         print("gpu_throughput: note: full sizes on the CPU take hours; add --small", file=sys.stderr)
     info = describe_device(device)
     rep = Report()
+    rep.device = f"[{info['device']}: {info['name']}]"
     rep.emit(machine_header("gpu_throughput"))
     rep.emit(f"# device: {device_line(info)}; {json.dumps(info)}")
     if device.type == "cuda":
@@ -386,29 +466,26 @@ def main(argv=None) -> int:
         n = 4 if args.small else 64
         results["spikes"] = {
             # the digits example: 8-bit weights (Loihi's), rate input, T = 32
-            "digits": compare_spikes("digits", device, None, 16 if args.small else 256, rep, 1.0, "digits cnn"),
+            "digits": compare_spikes("digits", device, None, 16 if args.small else 256, rep, 1.0, "digits cnn",
+                                     args.gpu_kernels),
             # the FedSNN preset's S-VGG9 (float weights, no per-block delay), and with 8-bit weights
-            "svgg9": compare_spikes("svgg9", device, args.timesteps, n, rep, 4.0, "svgg9 (FedSNN preset)"),
-            "svgg9_q8": compare_spikes("svgg9", device, args.timesteps, n, rep, 4.0, "svgg9 8-bit", quantize=True),
+            "svgg9": compare_spikes("svgg9", device, args.timesteps, n, rep, 4.0, "svgg9 (FedSNN preset)",
+                                    args.gpu_kernels),
+            "svgg9_q8": compare_spikes("svgg9", device, args.timesteps, n, rep, 4.0, "svgg9 8-bit", args.gpu_kernels,
+                                       quantize=True),
         }
     if "throughput" not in skip:
         rep.emit(f"\n## training throughput on {device} (forward + backward + optimizer step; stock SLAYER loop vs "
                  f"train_local; digits example and FedSNN preset configs)")
         rows = [throughput("digits", 4 if args.small else 32, 8 if args.small else None, steps, repeat, device, rep,
-                           1.0)]
+                           1.0, args.gpu_kernels)]
         for b in batches:
             rows.append(throughput("svgg9", b, args.timesteps, steps, repeat, device, rep,
-                                   0.25 if args.small else 1.0))
+                                   0.25 if args.small else 1.0, args.gpu_kernels))
         results["throughput"] = rows
     if "round" not in skip:
         rep.emit(f"\n## one FedAvg round, FedSNN CIFAR-10-like, on {device} (random CIFAR-shaped stand-in)")
         results["round"] = fedavg_round(args, device, rep)
-    if "throughput" in results:
-        worst = max(r["overhead"] for r in results["throughput"])
-        worst_res = max(r["overhead_vs_resident"] for r in results["throughput"])
-        rep.emit(f"\nRESULT device={info['device']} name='{info['name']}' worst neurofed overhead "
-                 f"{100 * worst:+.1f} % vs stock with a copy per batch, {100 * worst_res:+.1f} % vs stock with "
-                 f"resident batches (goal <= 5 %)")
     if args.save:
         parts = [p for p in ("spikes", "throughput", "round") if p not in skip]
         name = f"gpu_throughput_{device.type}" + ("" if len(parts) == 3 else "_" + "-".join(parts))

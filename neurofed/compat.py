@@ -19,6 +19,10 @@ Two problems, both fixed at import time and only where they occur:
    first. We make a repeated request for the method already in effect a no-op;
    any other request behaves as before.
 
+4. lava-dl's CUDA path (only where torch sees a GPU, and only for CUDA tensors): its JIT
+   arch list pinned to sm_80 and its leaky integrator's truncated threshold; see
+   :mod:`neurofed.gpu.slayer_cuda`, installed by :func:`slayer` after SLAYER imports.
+
 Everything in neurofed imports lava through :func:`slayer`, :func:`netx` or
 :func:`lava` (or calls :func:`install` first). Both fixes are no-ops where the
 installed packages already import (e.g. Python 3.10 or a working torchvision).
@@ -119,9 +123,14 @@ def install() -> None:
 
 
 def slayer():
-    """``lava.lib.dl.slayer``, importable on Python 3.11 with CPU torch."""
+    """``lava.lib.dl.slayer``, importable on Python 3.11 with CPU torch, its CUDA path
+    fixed (fix 4)."""
     install()
-    return importlib.import_module("lava.lib.dl.slayer")
+    module = importlib.import_module("lava.lib.dl.slayer")
+    from neurofed.gpu import slayer_cuda
+
+    slayer_cuda.install()
+    return module
 
 
 def netx():

@@ -151,6 +151,12 @@ CORE_DEFAULTS: dict[str, Any] = {
         "fast_gradients": False,
         # where local training and the global evaluation run (neurofed.device): auto | cpu | cuda | cuda:N
         "device": "auto",
+        # CUDA float32 convolutions and matmuls (neurofed.device.configure_cuda): auto (torch's
+        # defaults: TF32 convolutions) | false (IEEE float32 everywhere) | true (TF32 everywhere)
+        "tf32": "auto",
+        # CUBA neurons on CUDA by neurofed's fused Triton kernel (neurofed.gpu.cuba_triton;
+        # needs fast_kernels): false (stock SLAYER) | true | auto (where Triton imports)
+        "gpu_kernels": False,
     },
     "export": True,
     "lava": {"samples": 0, "backend": "fixed_pt"},
@@ -280,6 +286,10 @@ def check_device(value) -> str | None:
     return DEVICE_HELP
 
 
+def check_auto_bool(value) -> str | None:
+    return None if value == "auto" or isinstance(value, bool) else "allowed: auto, true, false"
+
+
 def _core_checks() -> dict[str, Check]:
     return {
         "seed": number(0, integer=True),
@@ -306,6 +316,8 @@ def _core_checks() -> dict[str, Check]:
         "federation.fast_kernels": _auto_or_boolean,
         "federation.fast_gradients": boolean,
         "federation.device": check_device,
+        "federation.tf32": check_auto_bool,
+        "federation.gpu_kernels": check_auto_bool,
         "export": boolean,
         "lava.samples": number(0, integer=True),
         "lava.backend": choice(("fixed_pt", "loihi2")),

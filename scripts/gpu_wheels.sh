@@ -10,7 +10,9 @@
 #   compiles its CUDA kernels with torch's cpp_extension at first use); neurofed.
 # DIR/tests (~2 MB): pytest and pytest-timeout for the gpu-marked tests (they use random
 #   images, not the embedded digits, so no scikit-learn is needed for them).
-# On the GPU machine, from the repository root (torch and numpy stay as they are):
+# On the GPU machine, from the repository root, `bash scripts/gpu_check.sh` installs them
+# (from dist/gpu-wheels, or NEUROFED_GPU_WHEELS=DIR) and measures everything; by hand
+# (torch and numpy stay as they are):
 #   python -m pip install --no-index --no-deps --ignore-requires-python DIR/bench/*.whl
 #   python benchmarks/gpu_throughput.py --save
 #   python -m pip install --no-index --no-deps DIR/tests/*.whl

@@ -228,7 +228,8 @@ def test_gpu_benchmark_smoke_on_the_cpu():
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "digits cnn (default): IDENTICAL" in res.stdout and "round 2:" in res.stdout
-    assert "RESULT device=cpu" in res.stdout
+    assert "RESULT spikes digits cnn [default]: 0 spike values differ" in res.stdout
+    assert "RESULT throughput svgg9 batch 2 T=4: stock SLAYER " in res.stdout
 
 
 @pytest.mark.gpu
@@ -238,3 +239,44 @@ def test_gpu_benchmark_small_on_the_gpu(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     saved = json.loads((tmp_path / "gpu_throughput_cuda.json").read_text())
     assert saved["device"]["device"].startswith("cuda") and len(saved["round"]["rounds"]) == 2
+
+
+@pytest.mark.parametrize("value", ["auto", True, False])
+def test_tf32_values_accepted(value):
+    assert load_config(None, [f"federation.tf32={str(value).lower()}"])["federation"]["tf32"] == value
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, None, "off"])
+def test_bad_tf32_is_one_line_naming_key_value_and_allowed(value):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, data={"federation": {"tf32": value}})
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1 and lines[0].startswith("federation.tf32: got ") and lines[0].endswith("allowed: auto, true, false")
+
+
+def test_tf32_false_and_true_set_both_flags_auto_leaves_them():
+    from neurofed.device import configure_cuda
+
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, False  # torch's defaults
+        configure_cuda("auto")
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, False)
+        configure_cuda(False)
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (False, False)
+        configure_cuda(True)
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_run_applies_federation_tf32(tiny_cfg):
+    """The runner and every Flower ClientApp configure compute through configure_compute."""
+    from neurofed.fl.runner import configure_compute
+
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        configure_compute(tiny_cfg(**{"federation.tf32": False}))
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (False, False)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved

@@ -31,7 +31,7 @@ from neurofed.config import ConfigError, dump_config
 from neurofed.data import load_dataset
 from neurofed.data.encoding import as_tensor
 from neurofed.data.partition import label_counts, partition
-from neurofed.device import describe_device, device_line, resolve_device
+from neurofed.device import configure_cuda, describe_device, device_line, resolve_device
 from neurofed.fl import progress as fl_progress
 from neurofed.fl.params import ParamSpec
 from neurofed.fl.privacy import SEEDED, Accountant
@@ -92,6 +92,7 @@ def configure_compute(cfg: dict, kernels_required: bool = False) -> dict:
     """This process's torch threads and fast kernels as ``federation`` says (the in-process
     runner and every Flower ClientApp: the same bits); returns the kernels' record for the
     summary (:func:`neurofed.kernels.configure`; ``kernels_required``: ``auto`` must load them)."""
+    configure_cuda(cfg["federation"].get("tf32", "auto"), cfg["federation"].get("gpu_kernels", False))
     threads = cfg["federation"].get("threads")
     if threads:
         torch.set_num_threads(int(threads))

@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from neurofed.gpu import cuba_triton
 from neurofed.kernels import ops, variants
 
 GRADIENTS = ("exact", "fast")
@@ -46,9 +47,21 @@ def _fast_li_dynamics(input, decay, state, w_scale, threshold=None, debug=False)
     return ops._FastLI.apply(input, decay, state, threshold, w_scale)
 
 
+def _on_gpu_kernel(input) -> bool:
+    """CUDA tensors take the fused Triton kernel when ``federation.gpu_kernels`` asks for
+    it (:mod:`neurofed.gpu.cuba_triton`); every other CUDA path stays stock SLAYER."""
+    return input.is_cuda and cuba_triton.enabled()
+
+
+def _fused_cuba_fn(input):
+    """The autograd function of the fused neuron for ``input``'s device."""
+    return ops._FusedCuba if input.device.type == "cpu" else cuba_triton.FusedCuba
+
+
 def _cuba_eligible(neuron, input) -> bool:
+    on_device = input.device.type == "cpu" or _on_gpu_kernel(input)
     return (
-        ops.ext is not None and input.device.type == "cpu" and input.dtype == torch.float32
+        ops.ext is not None and on_device and input.dtype == torch.float32
         and input.dim() >= 3 and input.shape[-1] > 0
         and (neuron.shape is None or input.shape[1:-1] == neuron.shape)
         and not neuron.debug and neuron.norm is None and neuron.graded_spike is False
@@ -56,7 +69,7 @@ def _cuba_eligible(neuron, input) -> bool:
         and neuron.current_decay.numel() == 1 and neuron.voltage_decay.numel() == 1
         and not neuron.current_decay.requires_grad and not neuron.voltage_decay.requires_grad
         and neuron.current_state.dtype == torch.float32
-        and neuron.current_state.device.type == "cpu"
+        and neuron.current_state.device == input.device
         and isinstance(neuron.threshold, (int, float))
     )
 
@@ -118,7 +131,7 @@ def _cuba_spikes(self, input, shift: bool):
     p = _cuba_constants(self)
     persistent = self.persistent_state is True
     need_grad = torch.is_grad_enabled() and input.requires_grad
-    spike, clast, vlast = ops._FusedCuba.apply(
+    spike, clast, vlast = _fused_cuba_fn(input).apply(
         input, self.current_state, self.voltage_state, p, persistent, need_grad, shift
     )
     if persistent:  # (never together with shift)
