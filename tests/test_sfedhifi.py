@@ -251,6 +251,18 @@ def test_selection_is_p_of_n_at_random_as_the_paper_by_default(tiny_cfg):
     assert missing > 0  # 5 of 8 with two clients per width: some rounds lack a width
 
 
+def test_examples_and_presets_keep_a_client_s_width_and_the_one_core_shape():
+    from pathlib import Path
+
+    from neurofed.config import load_config
+
+    root = Path(__file__).parent.parent / "examples"
+    files = [root / "digits_sfedhifi.yaml", *sorted((root / "papers").glob("sfedhifi_*.yaml"))]
+    for f in files:
+        a = load_config(f)["algorithm"]
+        assert (a["assign"], a["tucker_view"], a["tucker_ranks"]) == ("fixed", "matrix", "min"), f.name
+
+
 def test_every_round_has_every_width_and_fixed_widths_stay(tiny_cfg):
     server = _server(tiny_cfg, **{"algorithm.selection": "cover_widths"})
     seen: dict[int, float] = {}
@@ -358,6 +370,22 @@ def test_matrix_fusion_averages_the_shared_spectrum_and_keeps_each_width_s_singu
                                np.sort(np.concatenate([(sa + sb[:3]) / 2, sb[3:]]))[::-1], rtol=1e-5)
     ua = np.linalg.svd(a)[0]
     np.testing.assert_allclose(np.abs(np.linalg.svd(fused[0.5])[0]), np.abs(ua), atol=1e-5)
+
+
+def test_default_fusion_gives_every_width_the_mean_spectrum_of_its_m_as_a_matrix(tiny_cfg):
+    # tucker_view matrix, tucker_ranks min: M^p as a2 x (G D) matrices (4 x 16 ... 4 x 64 here),
+    # one 4 x 4 core each = its singular values; Eq. 11 averages them, Eq. 12 puts the mean
+    # on each width's own singular vectors.
+    server = _server(tiny_cfg, **{"algorithm.fusion": "fixed", "algorithm.fusion_layer": 0})
+    name = "blocks.1.synapse.mix"
+    mats = {p: server.specs[p].unpack(server.servers[p].params)[name].reshape(4, -1).astype(np.float64)
+            for p in WIDTHS}
+    server.fuse(0)
+    mean = np.mean([np.linalg.svd(m, compute_uv=False) for m in mats.values()], axis=0)
+    for p in WIDTHS:
+        fused = server.specs[p].unpack(server.servers[p].params)[name].reshape(4, -1)
+        np.testing.assert_allclose(np.linalg.svd(fused, compute_uv=False), mean, rtol=1e-4)
+        np.testing.assert_allclose(np.abs(np.linalg.svd(fused)[0]), np.abs(np.linalg.svd(mats[p])[0]), atol=1e-3)
 
 
 def test_sign_flips_of_a_matrix_decomposition_do_not_change_its_canonical_core():
