@@ -55,7 +55,8 @@ def test_baseline_defaults_are_the_fedlec_experiments():
     assert get_algorithm_class("fedprox").config_defaults["mu"] == 0.01
     assert get_algorithm_class("fedlc").config_defaults["tau"] == 0.01
     assert get_algorithm_class("fedrs").config_defaults["alpha"] == 0.5
-    assert get_algorithm_class("fedlec").config_defaults["lambda"] == 0.1
+    # FedLEC: lambda 0.5, not -lamda 0.1, which weights the authors' own L_d (see FedLEC)
+    assert get_algorithm_class("fedlec").config_defaults["lambda"] == 0.5
     assert get_algorithm_class("scaffold").config_defaults["global_lr"] == 1.0
 
 
@@ -354,7 +355,7 @@ def test_fedlec_ld_forms_with_exactly_one_missing_label():
 
 def test_fedlec_teacher_is_a_separate_model_holding_the_global_params(tiny_cfg):
     exp = one_round(tiny_cfg(**{"algorithm.name": "fedlec", "partition.scheme": "cnum"}))
-    assert (exp.client.lc, exp.client.ld) == (eq8_loss, missing_label_kl)  # Eq. 8 over C; Eq. 9 read as a KL
+    assert (exp.client.lc, exp.client.ld) == (eq8_loss, missing_and_rest_kl)  # Eq. 8 over C; Eq. 9 as a KL divergence
     assert exp.record["att_time_parameters"] == 0  # ATT is FedAvg on SLAYER blocks, and says so
     teacher, student = exp.client._teacher, exp.client.model()
     assert teacher is not student
@@ -403,6 +404,39 @@ def test_param_spec_reads_declared_time_axes_and_fedlec_server_uses_them():
     server.aggregate(1, [FitResult(0, y, 5, {}), FitResult(1, y, 5, {})])
     steps = np.arange(8).reshape(4, 2)
     np.testing.assert_allclose(server.params[2:].reshape(4, 2), np.broadcast_to(steps.mean(0), (4, 2)))
+
+
+# --------------------------------------------------------------------------- DivFL memory
+
+
+def test_divfl_selects_from_gram_rows_without_a_float64_copy_of_its_table(monkeypatch):
+    import tracemalloc
+
+    from neurofed.algorithms import divfl
+
+    monkeypatch.setattr(divfl, "GRAM_BLOCK_BYTES", 1 << 20)  # 1 MB blocks, so the test can be small
+    n, p = 12, 100_000  # the table: 4.8 MB of float32
+    rng = np.random.default_rng(0)
+    ups = rng.standard_normal((n, p), dtype=np.float32) * np.arange(1, n + 1, dtype=np.float32)[:, None]
+    cfg = {"seed": 0, "federation": {"clients_per_round": 3}, "algorithm": {"name": "divfl"}}
+    server = divfl.DivFLServer(cfg, ParamSpec(("w",), ((p,),)), np.zeros(p, np.float32), num_clients=n)
+    server.aggregate(1, [FitResult(c, ups[c], 10, {}) for c in range(n)])
+    # the kept Gram rows give the distances of the whole float64 table (the former computation)
+    u = ups.astype(np.float64)
+    np.testing.assert_allclose(server.gram, u @ u.T, rtol=1e-9)
+    sq = (u * u).sum(1)
+    dist = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * u @ u.T, 0))
+    np.fill_diagonal(dist, 0.0)
+    np.testing.assert_allclose(divfl.similarity_from_gram(server.gram), dist.max() - dist, rtol=1e-9, atol=1e-6)
+    tracemalloc.start()
+    chosen = [c for c, _ in server.configure(2)]
+    start = server.params.copy()
+    server.aggregate(2, [FitResult(c, ups[c] * 0.5, 10, {}) for c in chosen])
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < server.updates.nbytes  # the old server copied the table to float64 (2x) and squared it (2x)
+    u[chosen] = (ups[chosen] * 0.5 - start).astype(np.float64)  # the repliers' rows and columns were refreshed
+    np.testing.assert_allclose(server.gram, u @ u.T, rtol=1e-9)
 
 
 # --------------------------------------------------------------------------- Laplace LDP
