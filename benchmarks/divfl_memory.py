@@ -113,10 +113,11 @@ def main() -> None:
         new_path = os.path.join(ROOT, "neurofed", "algorithms", "divfl.py")
         same_old = measure(old_path, n, p_old, k)
         same_new = measure(new_path, n, p_old, k)
+        same = same_old["round2"] == same_new["round2"] and same_old["round3"] == same_new["round3"]
         rep.emit(f"at P = {p_old:,}: old peak {same_old['peak_bytes'] / GB:.3f} GB "
                  f"({same_old['peak_bytes'] / (n * p_old):.1f} B per table entry), new peak "
                  f"{same_new['peak_bytes'] / GB:.3f} GB ({same_new['peak_bytes'] / (n * p_old):.1f} B per entry); "
-                 f"same selections: {same_old['round2'] == same_new['round2'] and same_old['round3'] == same_new['round3']}")
+                 f"same selections: {same}")
         full = measure(new_path, n, p, k)
     old_full = same_old["peak_bytes"] * p / p_old
     rep.emit(f"at P = {p:,}: new peak {full['peak_bytes'] / GB:.2f} GB (numpy, tracemalloc), process peak RSS "
