@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import difflib
 import importlib
+import logging
 import math
 import numbers
 import re
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import yaml
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -352,6 +355,9 @@ class Section:
     cross_checks: Callable[[dict], list[str]] | None = None
     resolve: Callable[[dict], dict] | None = None
     validate: Callable[[dict, dict], list[str]] | None = None
+    # the keys a section's choice reads (``name`` included), for load_config's rule on an
+    # overridden choice; None: the section's keys do not depend on a choice
+    keys_for: Callable[[dict], set[str] | None] | None = None
 
 
 _SECTIONS: dict[str, Section] = {}
@@ -483,13 +489,42 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), d
         if not isinstance(cfg, dict):
             raise ConfigError(f"config file {str(path)!r}: expected a mapping of sections at top level")
         _check_sections(cfg)
+    from_file = copy.deepcopy(cfg)
+    given = set(_flatten(data or {}))
     if data:
         cfg = deep_merge(cfg, data)
     for item in overrides:
         key, value = parse_override(item) if isinstance(item, str) else item
         set_dotted(cfg, key, value)
+        given.add(key)
     _check_sections(cfg)  # e.g. --set algorithm=3
+    _drop_keys_of_a_replaced_choice(from_file, cfg, given)
     return validate(resolve(cfg))
+
+
+def _drop_keys_of_a_replaced_choice(from_file: dict, cfg: dict, given: set[str]) -> None:
+    """When an override (``--set``, a sweep point) replaces a section's choice — e.g.
+    ``algorithm.name=hetero_fedavg`` on a SFedHIFI preset — the file's keys of that
+    section that the new choice does not read are dropped, with a note on stderr, so that
+    a paper's other rows are one ``--set`` away. Keys the override itself gives are kept
+    and checked as usual: a misspelt one is still an error."""
+    for name, sec in sections().items():
+        if sec.keys_for is None or not isinstance(cfg.get(name), dict):
+            continue
+        before = from_file.get(name) if isinstance(from_file.get(name), dict) else {}
+        default_choice = sec.defaults.get("name")
+        if before.get("name", default_choice) == cfg[name].get("name", default_choice):
+            continue
+        known = sec.keys_for(cfg[name])
+        if known is None:
+            continue
+        explicit = {k.split(".")[1] for k in given if k.startswith(name + ".") and k.count(".") >= 1}
+        dropped = [k for k in before if k not in known and k not in explicit and k in cfg[name]]
+        for k in dropped:
+            del cfg[name][k]
+        if dropped:
+            log.warning("note: %s.name=%s does not read the file's %s; ignored",
+                        name, cfg[name].get("name"), ", ".join(f"{name}.{k}" for k in dropped))
 
 
 def _check_sections(cfg: dict) -> None:

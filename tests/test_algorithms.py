@@ -6,6 +6,7 @@ transforms and losses on hand-made logits, and exact resume of SCAFFOLD's state.
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ import torch.nn.functional as F
 from neurofed.algorithms import algorithm_names, get_algorithm_class
 from neurofed.algorithms.base import Client, FitResult, weighted_average
 from neurofed.algorithms.fedlc import calibrated_logits
-from neurofed.algorithms.fedlec import (aggregate_through_time, calibrated_ce, eq8_loss, eq9_loss, label_prior,
+from neurofed.algorithms.fedlec import (aggregate_through_time, all_labels_kl, calibrated_ce, eq8_held_loss, eq8_loss,
+                                       label_prior, missing_and_rest_kl,
                                         missing_label_kl)
 from neurofed.algorithms.fednova import effective_steps
 from neurofed.algorithms.fedrs import restricted_logits
@@ -53,7 +55,8 @@ def test_baseline_defaults_are_the_fedlec_experiments():
     assert get_algorithm_class("fedprox").config_defaults["mu"] == 0.01
     assert get_algorithm_class("fedlc").config_defaults["tau"] == 0.01
     assert get_algorithm_class("fedrs").config_defaults["alpha"] == 0.5
-    assert get_algorithm_class("fedlec").config_defaults["lambda"] == 0.1
+    # FedLEC: lambda 0.5, not -lamda 0.1, which weights the authors' own L_d (see FedLEC)
+    assert get_algorithm_class("fedlec").config_defaults["lambda"] == 0.5
     assert get_algorithm_class("scaffold").config_defaults["global_lr"] == 1.0
 
 
@@ -66,6 +69,30 @@ def test_bad_algorithm_keys_are_one_line_errors():
         load_config(None, ["algorithm.name=fedlec", "algorithm.mu=0.1"])
     with pytest.raises(ConfigError, match=r"federation\.ldp_laplace: got -0\.1; expected >= 0"):
         load_config(None, ["federation.ldp_laplace=-0.1"])
+
+
+# Each paper's other rows (its tables' baselines), one --set away from every preset of it.
+PAPER_ROWS = {"fedlec": ["fedavg", "fedprox", "scaffold", "fednova", "fedlc", "fedrs"],
+              "sfedca": ["fedavg", "divfl", "fedmos"],
+              "sfedhifi": ["hetero_fedavg", "hetero_fedprox", "hetero_fednova"]}
+
+
+@pytest.mark.parametrize("paper", sorted(PAPER_ROWS))
+def test_every_paper_row_is_one_set_away_from_each_preset(paper, caplog):
+    import yaml
+
+    presets = sorted((Path(__file__).parent.parent / "examples" / "papers").glob(f"{paper}_*.yaml"))
+    assert presets
+    for preset in presets:
+        given = yaml.safe_load(preset.read_text())["algorithm"]
+        for row in PAPER_ROWS[paper]:
+            algo = load_config(preset, [f"algorithm.name={row}"])["algorithm"]
+            assert set(algo) == {"name", *get_algorithm_class(row).config_defaults} and algo["name"] == row
+            assert all(algo[k] == v for k, v in given.items() if k in algo and k != "name")  # shared keys kept
+    if paper == "sfedhifi":  # its presets set fusion_until, which the baselines do not read
+        assert "does not read the file's algorithm.fusion_until; ignored" in caplog.text
+        with pytest.raises(ConfigError, match="algorithm.fusion_until: unknown key for hetero_fedavg"):
+            load_config(presets[0], ["algorithm.name=hetero_fedavg", "algorithm.fusion_until=3"])  # explicit: checked
 
 
 # --------------------------------------------------------------------------- FedProx
@@ -283,40 +310,52 @@ def test_fedlec_ld_zero_without_missing_labels_positive_with_them():
         assert float(missing_label_kl(student, teacher, missing, t)) == pytest.approx(expected, rel=1e-5)
 
 
-def test_fedlec_lc_literal_eq8_and_logit_adjusted_on_a_client_with_a_missing_label():
-    # counts (3, 1, 0): γ = (3/4, 1/4, 0); C = {0, 1}; label 2 is missing.
+def test_fedlec_lc_eq8_sums_over_every_label_the_missing_ones_with_gamma_zero():
+    # counts (3, 1, 0): γ = (3/4, 1/4, 0); Definition 1: C = J ∪ K ∪ M = {0, 1, 2}, label 2 missing.
     prior = label_prior([3, 1, 0], 0.0)
     logits, y = torch.tensor([[1.0, 0.0, 2.0], [0.5, 1.5, 0.0]]), torch.tensor([0, 1])
-    # Eq. 8: sample 1 (e − 3/4) / ((e − 3/4) + (1 − 1/4)); sample 2 (e^1.5 − 1/4) / ((e^.5 − 3/4) + (e^1.5 − 1/4))
     e = math.exp
-    l1 = -math.log((e(1) - 0.75) / ((e(1) - 0.75) + 0.75))
-    l2 = -math.log((e(1.5) - 0.25) / ((e(0.5) - 0.75) + (e(1.5) - 0.25)))
+    # Eq. 8 over C: the missing label's term is e^{f_2} − 0.
+    l1 = -math.log((e(1) - 0.75) / ((e(1) - 0.75) + (1 - 0.25) + e(2)))
+    l2 = -math.log((e(1.5) - 0.25) / ((e(0.5) - 0.75) + (e(1.5) - 0.25) + e(0)))
     assert float(eq8_loss(logits, y, prior)) == pytest.approx((l1 + l2) / 2, rel=1e-6)
-    # logit-adjusted CE (the option): softmax of f + log γ over C
+    # the held-only option (the former default): label 2 is not in the sum
+    h1 = -math.log((e(1) - 0.75) / ((e(1) - 0.75) + 0.75))
+    h2 = -math.log((e(1.5) - 0.25) / ((e(0.5) - 0.75) + (e(1.5) - 0.25)))
+    assert float(eq8_held_loss(logits, y, prior)) == pytest.approx((h1 + h2) / 2, rel=1e-6)
+    # logit-adjusted CE (the option): softmax of f + log γ; log 0 = −∞ takes label 2 out
     a1 = -math.log(e(1) * 0.75 / (e(1) * 0.75 + e(0) * 0.25))
     a2 = -math.log(e(1.5) * 0.25 / (e(0.5) * 0.75 + e(1.5) * 0.25))
     assert float(calibrated_ce(logits, y, prior)) == pytest.approx((a1 + a2) / 2, rel=1e-6)
-    # the missing label's logit is in neither form's sum
+    # raising the missing label's logit raises the literal L_c only
     moved = logits.clone()
     moved[:, 2] += 5.0
-    for form in (eq8_loss, calibrated_ce):
+    assert float(eq8_loss(moved, y, prior)) > float(eq8_loss(logits, y, prior)) + 1.0
+    for form in (eq8_held_loss, calibrated_ce):
         assert float(form(moved, y, prior)) == pytest.approx(float(form(logits, y, prior)), rel=1e-6)
 
 
-def test_fedlec_ld_eq9_with_exactly_one_missing_label():
-    # Eq. 9: softmax over all labels, sum over M = {2}. Same denominators, so
-    # log(q_g[2] / q_l[2]) = 1 − 3 = −2 and L_d = −2 e / (e³ + e² + e).
+def test_fedlec_ld_forms_with_exactly_one_missing_label():
+    # M = {2}. all_labels (the former default "eq9"): softmax over all labels, sum over M;
+    # same denominators, so log(q_g[2] / q_l[2]) = 1 − 3 = −2 and L_d = −2 e / (e³ + e² + e).
     student, teacher = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[3.0, 2.0, 1.0]])
     missing = np.array([False, False, True])
     e = math.exp
-    assert float(eq9_loss(student, teacher, missing)) == pytest.approx(-2 * e(1) / (e(3) + e(2) + e(1)), rel=1e-6)
-    assert float(missing_label_kl(student, teacher, missing)) == 0.0  # the restricted option: softmax over {2}
-    assert float(eq9_loss(student, teacher, np.zeros(3, bool))) == 0.0
+    z = e(3) + e(2) + e(1)
+    assert float(all_labels_kl(student, teacher, missing)) == pytest.approx(-2 * e(1) / z, rel=1e-6)
+    assert float(missing_label_kl(student, teacher, missing)) == 0.0  # the default: softmax over M = {2}
+    # missing_and_rest: bins {2} and {0, 1}: q_g = (e/z, (e³+e²)/z), q_l = (e³/z, (e+e²)/z)
+    qg, ql = (e(1) / z, (e(3) + e(2)) / z), (e(3) / z, (e(1) + e(2)) / z)
+    expected = sum(g * math.log(g / l) for g, l in zip(qg, ql))
+    assert float(missing_and_rest_kl(student, teacher, missing)) == pytest.approx(expected, rel=1e-6)
+    assert float(missing_and_rest_kl(teacher, teacher, missing)) == pytest.approx(0.0, abs=1e-7)
+    for form in (all_labels_kl, missing_and_rest_kl):
+        assert float(form(student, teacher, np.zeros(3, bool))) == 0.0
 
 
 def test_fedlec_teacher_is_a_separate_model_holding_the_global_params(tiny_cfg):
     exp = one_round(tiny_cfg(**{"algorithm.name": "fedlec", "partition.scheme": "cnum"}))
-    assert (exp.client.lc, exp.client.ld) == (eq8_loss, eq9_loss)  # the printed equations by default
+    assert (exp.client.lc, exp.client.ld) == (eq8_loss, missing_and_rest_kl)  # Eq. 8 over C; Eq. 9 as a KL divergence
     assert exp.record["att_time_parameters"] == 0  # ATT is FedAvg on SLAYER blocks, and says so
     teacher, student = exp.client._teacher, exp.client.model()
     assert teacher is not student
@@ -365,6 +404,39 @@ def test_param_spec_reads_declared_time_axes_and_fedlec_server_uses_them():
     server.aggregate(1, [FitResult(0, y, 5, {}), FitResult(1, y, 5, {})])
     steps = np.arange(8).reshape(4, 2)
     np.testing.assert_allclose(server.params[2:].reshape(4, 2), np.broadcast_to(steps.mean(0), (4, 2)))
+
+
+# --------------------------------------------------------------------------- DivFL memory
+
+
+def test_divfl_selects_from_gram_rows_without_a_float64_copy_of_its_table(monkeypatch):
+    import tracemalloc
+
+    from neurofed.algorithms import divfl
+
+    monkeypatch.setattr(divfl, "GRAM_BLOCK_BYTES", 1 << 20)  # 1 MB blocks, so the test can be small
+    n, p = 12, 100_000  # the table: 4.8 MB of float32
+    rng = np.random.default_rng(0)
+    ups = rng.standard_normal((n, p), dtype=np.float32) * np.arange(1, n + 1, dtype=np.float32)[:, None]
+    cfg = {"seed": 0, "federation": {"clients_per_round": 3}, "algorithm": {"name": "divfl"}}
+    server = divfl.DivFLServer(cfg, ParamSpec(("w",), ((p,),)), np.zeros(p, np.float32), num_clients=n)
+    server.aggregate(1, [FitResult(c, ups[c], 10, {}) for c in range(n)])
+    # the kept Gram rows give the distances of the whole float64 table (the former computation)
+    u = ups.astype(np.float64)
+    np.testing.assert_allclose(server.gram, u @ u.T, rtol=1e-9)
+    sq = (u * u).sum(1)
+    dist = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * u @ u.T, 0))
+    np.fill_diagonal(dist, 0.0)
+    np.testing.assert_allclose(divfl.similarity_from_gram(server.gram), dist.max() - dist, rtol=1e-9, atol=1e-6)
+    tracemalloc.start()
+    chosen = [c for c, _ in server.configure(2)]
+    start = server.params.copy()
+    server.aggregate(2, [FitResult(c, ups[c] * 0.5, 10, {}) for c in chosen])
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < server.updates.nbytes  # the old server copied the table to float64 (2x) and squared it (2x)
+    u[chosen] = (ups[chosen] * 0.5 - start).astype(np.float64)  # the repliers' rows and columns were refreshed
+    np.testing.assert_allclose(server.gram, u @ u.T, rtol=1e-9)
 
 
 # --------------------------------------------------------------------------- Laplace LDP

@@ -240,6 +240,46 @@ def test_cli_reports_sweep_file_errors_as_one_line(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2  # not a sweep directory
 
 
+def test_sweep_set_overrides_every_run_and_refuses_a_varied_key(tmp_path):
+    from neurofed.sweep.grid import with_overrides
+
+    path = write_sweep(tmp_path, set={"federation.local_epochs": 2}, grid={"federation.lr": [0.003, 0.01]})
+    sweep = with_overrides(load_sweep(path), ["federation.local_epochs=3", "federation.batch_size=16"])
+    configs = point_configs(sweep)
+    assert {(c["federation"]["local_epochs"], c["federation"]["batch_size"]) for c in configs.values()} == {(3, 16)}
+    assert sorted(c["federation"]["lr"] for c in configs.values()) == [0.003, 0.01]  # the grid still varies
+    for item, message in [("federation.lr=0.1", r"federation.lr is varied by the sweep's grid"),
+                          ("federation=x", r"federation is varied by the sweep's grid"),
+                          ("seed=3", r"the seeds of a sweep are its seeds"), ("federation.lr", r"expected KEY=VALUE")]:
+        with pytest.raises(ConfigError, match=message):
+            with_overrides(load_sweep(path), [item])
+
+
+def test_cli_sweep_set_reaches_the_runs_and_sweep_json(tmp_path):
+    from neurofed.cli import main
+
+    path = write_sweep(tmp_path, grid={"federation.lr": [0.003]})
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out"), "--quiet", "--set", "federation.rounds=2"]) == 0
+    assert json.loads((tmp_path / "out" / "sweep.json").read_text())["set"] == {"federation.rounds": 2}
+    rounds = (tmp_path / "out" / "runs" / "lr=0.003-seed0" / "metrics.jsonl").read_text().splitlines()
+    assert len(rounds) == 2
+
+
+def test_a_grid_of_algorithms_drops_the_base_algorithm_keys_the_others_do_not_read(tmp_path, caplog):
+    # the base is SFedHIFI with one of its own keys; the grid's other rows are its baselines
+    path = write_sweep(tmp_path, grid={"algorithm.name": ["sfedhifi", "hetero_fedavg", "hetero_fednova"]})
+    base = yaml.safe_load((tmp_path / "base.yaml").read_text())
+    base["model"] = {"name": "hifi_cnn_digits", "width": 1.0}
+    base["algorithm"] = {"name": "sfedhifi", "fusion_until": 3, "orth_lambda": 0.5}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    configs = point_configs(load_sweep(path))
+    by_name = {c["algorithm"]["name"]: c["algorithm"] for c in configs.values()}
+    assert by_name["sfedhifi"]["fusion_until"] == 3
+    for name in ("hetero_fedavg", "hetero_fednova"):
+        assert "fusion_until" not in by_name[name] and by_name[name]["orth_lambda"] == 0.5  # shared keys kept
+    assert "does not read the file's algorithm.fusion_until; ignored" in caplog.text
+
+
 def test_default_workers_never_oversubscribe_the_cores():
     from neurofed.sweep import default_workers
 

@@ -62,6 +62,12 @@ def _validate(algo: dict, cfg: dict) -> list[str]:
     return get_algorithm_class(name).validate_config(algo, cfg)
 
 
-register_section(Section("algorithm", {"name": "fedavg"}, resolve=_resolve, validate=_validate))
+def _keys_for(algo: dict) -> set[str] | None:
+    """The keys the chosen algorithm reads (None for an unknown name: validation reports it)."""
+    name = algo.get("name")
+    return {"name", *get_algorithm_class(name).config_defaults} if name in _MODULES else None
+
+
+register_section(Section("algorithm", {"name": "fedavg"}, resolve=_resolve, validate=_validate, keys_for=_keys_for))
 
 __all__ = ["Algorithm", "algorithm_names", "get_algorithm_class", "register"]

@@ -23,6 +23,14 @@ is not used there). The ground set is every client ([N] in F(S)): a client that
 straggled or failed in round 1 has no update yet and enters with Δ_k = 0 (the update
 of a client that has not moved from the global model), so it can be selected, and its
 row is filled the first time it replies.
+
+Memory: the table of N stale updates (float32, N × P) is the only copy of them the server
+keeps; the distances come from their Gram matrix (N × N, float64), whose rows are
+recomputed for the clients that replied, a block of parameters at a time
+(:func:`gram_rows`). The former code took a float64 copy of the whole table and its
+square at every selection: at the papers' scale (N = 100, SFedCA's CIFAR-10 AlexNet,
+7.5 M parameters) that is ~18 GB beside the 3 GB table
+(``benchmarks/divfl_memory.py``).
 """
 
 from __future__ import annotations
@@ -50,19 +58,43 @@ def greedy_facility_location(sim: np.ndarray, budget: int, ground: list[int] | N
     return picks
 
 
-def update_similarity(updates: np.ndarray) -> np.ndarray:
-    """sim(k, i) = C − ||Δ_k − Δ_i||₂ with C the largest distance (so sim ≥ 0)."""
-    u = np.asarray(updates, dtype=np.float64)
-    sq = (u * u).sum(1)
-    dist = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2.0 * (u @ u.T), 0.0))
+GRAM_BLOCK_BYTES = 1 << 26  # float64 temporaries of gram_rows: 64 MB per block of columns
+
+
+def gram_rows(table: np.ndarray, rows) -> np.ndarray:
+    """``table[rows] @ table.T`` in float64, accumulated over blocks of columns, so that no
+    float64 copy of the whole (N × P, float32) table is ever made."""
+    rows = list(rows)
+    every = rows == list(range(table.shape[0]))
+    block = max(1, GRAM_BLOCK_BYTES // (8 * table.shape[0]))
+    out = np.zeros((len(rows), table.shape[0]))
+    for start in range(0, table.shape[1], block):
+        part = table[:, start:start + block].astype(np.float64)
+        out += (part if every else part[rows]) @ part.T
+    return out
+
+
+def similarity_from_gram(gram: np.ndarray) -> np.ndarray:
+    """sim(k, i) = C − ||Δ_k − Δ_i||₂ with C the largest distance (so sim ≥ 0), from the
+    Gram matrix G = Δ Δᵀ: ||Δ_k − Δ_i||² = G_kk + G_ii − 2 G_ki."""
+    gram = np.asarray(gram, dtype=np.float64)
+    sq = np.diag(gram)
+    dist = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0))
     np.fill_diagonal(dist, 0.0)
     return dist.max() - dist
+
+
+def update_similarity(updates: np.ndarray) -> np.ndarray:
+    """sim(k, i) = C − ||Δ_k − Δ_i||₂ of the rows of ``updates`` (see :func:`similarity_from_gram`)."""
+    u = np.asarray(updates)
+    return similarity_from_gram(gram_rows(u, range(u.shape[0])))
 
 
 class DivFLServer(Server):
     def __init__(self, cfg, spec, initial, num_clients):
         super().__init__(cfg, spec, initial, num_clients)
         self.updates = np.zeros((num_clients, spec.size), dtype=np.float32)
+        self.gram = np.zeros((num_clients, num_clients))  # Δ Δᵀ of the table, kept row by row
         self.known = np.zeros(num_clients, dtype=bool)
 
     def configure(self, rnd: int) -> list[tuple[int, dict]]:
@@ -73,14 +105,25 @@ class DivFLServer(Server):
         return [(c, self.client_config(rnd, c)) for c in chosen]
 
     def select(self, clients: list[int]) -> list[int]:
-        sim = update_similarity(self.updates[clients])
+        sim = similarity_from_gram(self.gram[np.ix_(clients, clients)])
         return [clients[i] for i in greedy_facility_location(sim, self.num_to_sample())]
+
+    def store(self, results: list) -> None:
+        """Write the repliers' fresh updates into the table and their rows of the Gram matrix."""
+        for r in results:
+            np.subtract(r.params, self.params, out=self.updates[r.cid])
+            self.known[r.cid] = True
+        self.refresh_gram([r.cid for r in results])
+
+    def refresh_gram(self, rows: list[int]) -> None:
+        if rows:
+            g = gram_rows(self.updates, rows)
+            self.gram[rows, :] = g
+            self.gram[:, rows] = g.T
 
     def aggregate(self, rnd: int, results: list) -> dict:
         fresh = not self.known.any()
-        for r in results:
-            self.updates[r.cid] = r.params - self.params
-            self.known[r.cid] = True
+        self.store(results)
         if fresh:  # round 1 trained everyone; aggregate the greedy P of the fresh updates
             picked = set(self.select([r.cid for r in results]))
             results = [r for r in results if r.cid in picked]
@@ -94,6 +137,7 @@ class DivFLServer(Server):
         super().load_state_dict(state)
         self.updates = np.asarray(state["updates"], dtype=np.float32).copy()
         self.known = np.asarray(state["known"], dtype=bool).copy()
+        self.refresh_gram(list(range(self.num_clients)))
 
 
 class DivFL(Algorithm):

@@ -10,12 +10,17 @@ privacy (Eq. 16) is a client option of every algorithm: ``federation.ldp_laplace
 
 Where we follow the paper rather than the authors' code (its ``main.py`` differs):
 the loss is (1 − λ)·L_c + λ·L_d as in Eq. 5 (the code adds λ·L_d to an unweighted
-L_c); L_c is Eq. 8 as printed (the code uses a different, pairwise term weighted
-0.005); L_d is Eq. 9 as printed (softmax over all labels, sum over the missing ones);
-the server runs ATT (the code runs FedAvg). neurofed's earlier readings stay as named
-options: ``algorithm.lc_form: logit_adjusted`` (Menon et al.'s logit-adjusted
-cross-entropy, :func:`calibrated_ce`) and ``algorithm.ld_form: restricted`` (softmax over
-the missing labels only, the authors' code; zero when exactly one label is missing).
+L_c); L_c is Eq. 8 as printed, over Definition 1's label set C = J ∪ K ∪ M (the code
+uses the full cross-entropy plus a pairwise term weighted 0.005); the server runs ATT
+(the code runs FedAvg). L_d is Eq. 9 completed into the KL divergence the text names
+(:func:`missing_and_rest_kl`: the missing labels' probabilities plus one bin for the
+rest), which holds the missing labels' mass against the literal Eq. 8; the printed sum
+alone (:func:`all_labels_kl`) is minimised by moving the local model's mass onto M, and
+the authors' softmax over M (:func:`missing_label_kl`) keeps only ratios — with the
+literal Eq. 8 either left FedLEC at or below FedAvg. Named options: ``algorithm.lc_form:
+eq8_held`` (Eq. 8 over the held labels only), ``logit_adjusted`` (Menon et al.'s
+logit-adjusted cross-entropy, :func:`calibrated_ce`), ``algorithm.ld_form: restricted |
+all_labels``; measured figures in :class:`FedLEC`.
 
 ATT (Eq. 10) only differs from FedAvg on parameters that hold one copy per time step
 (the BNTT batch norm of the paper's S-VGG9); SLAYER blocks share every weight across
@@ -59,58 +64,59 @@ def calibrated_ce(logits: torch.Tensor, y: torch.Tensor, prior) -> torch.Tensor:
     return F.cross_entropy(logits + torch.log(prior), y)
 
 
+def _eq8(logits: torch.Tensor, y: torch.Tensor, prior, labels: torch.Tensor) -> torch.Tensor:
+    """Eq. 8's −log((e^{f_y} − γ_y) / Σ_{c∈labels}(e^{f_c} − γ_c)), batch mean; ``labels`` a
+    boolean mask of the label set summed over (it must hold every sample's y)."""
+    prior = torch.as_tensor(np.asarray(prior), dtype=logits.dtype, device=logits.device)
+    if not bool(labels[y].all()):
+        raise ValueError("eq8_loss: a sample's label is outside the label set (prior 0 with lc_form eq8_held)")
+    f = logits[:, labels]
+    m = f.detach().max(1, keepdim=True).values
+    terms = (torch.exp(f - m) - prior[labels] * torch.exp(-m)).clamp_min(1e-12)  # (e^f − γ)/e^m
+    idx = torch.cumsum(labels.long(), 0)[y] - 1  # y's column among the summed labels
+    return (torch.log(terms.sum(1)) - torch.log(terms.gather(1, idx[:, None])[:, 0])).mean()
+
+
 def eq8_loss(logits: torch.Tensor, y: torch.Tensor, prior) -> torch.Tensor:
-    r"""L_c as Eq. 8 prints it, over the client's label set C (labels with γ > 0):
+    r"""L_c as Eq. 8 prints it (``algorithm.lc_form: eq8``, the default), over the label
+    set C = J ∪ K ∪ M of Definition 1 — every label, the missing ones (γ = 0) included:
 
     .. math:: L_c = -\mathbb{E}\log\frac{e^{f_y} - \gamma_y}{\sum_{c\in C}(e^{f_c} - \gamma_c)}
 
+    A missing label's term is e^{f_c}, as in plain cross-entropy: L_c pushes it down, which
+    is what the text after Eq. 8 means by L_c "fails to handle missing label issues" and
+    why L_d exists (the authors' code, too, trains the full cross-entropy over all labels).
     The terms are ≥ 0 here because our logits are spike rates × logit scale (f ≥ 0, so
     e^f ≥ 1 ≥ γ); each is floored at 1e-12 (a single-label client with a silent output,
-    f = 0 and γ = 1, would give 0/0). Computed with the largest e^f of C factored out.
-    Labels outside C (γ = 0, missing) are not in the sum, as in the paper."""
-    prior = torch.as_tensor(np.asarray(prior), dtype=logits.dtype, device=logits.device)
-    held = prior > 0
-    f = logits[:, held]
-    m = f.detach().max(1, keepdim=True).values
-    terms = (torch.exp(f - m) - prior[held] * torch.exp(-m)).clamp_min(1e-12)  # (e^f − γ)/e^m
-    idx = torch.cumsum(held.long(), 0)[y] - 1  # y's column among the held labels
-    if not bool(held[y].all()):
-        raise ValueError("eq8_loss: a sample's label has prior 0")
-    return (torch.log(terms.sum(1)) - torch.log(terms.gather(1, idx[:, None])[:, 0])).mean()
+    f = 0 and γ = 1, would give 0/0). Computed with the largest e^f factored out."""
+    return _eq8(logits, y, prior, torch.ones(logits.shape[1], dtype=torch.bool, device=logits.device))
+
+
+def eq8_held_loss(logits: torch.Tensor, y: torch.Tensor, prior) -> torch.Tensor:
+    """``algorithm.lc_form: eq8_held``: :func:`eq8_loss` summed over the labels the client
+    holds (γ > 0) only, neurofed's former default — a missing label's logit is not in L_c,
+    so local training never pushes it down and only L_d acts on it. Not the paper's set
+    (Definition 1: C includes M); measured on digits under #cnum=2 in
+    :class:`FedLEC`'s docstring."""
+    prior_t = torch.as_tensor(np.asarray(prior), device=logits.device)
+    return _eq8(logits, y, prior, prior_t > 0)
 
 
 def label_prior(counts, smoothing: float) -> np.ndarray:
     """γ, the client's estimate of P(y): (n_y + s) / (n + K s), s = ``smoothing``.
 
     The paper says only "the estimation of the prior P(y)" and the issue "local label
-    frequencies": s = 0 (the default) is exactly that. Missing labels then get γ = 0
-    and drop out of L_c, so local training never pushes their outputs down — only L_d
-    acts on them — and a client holding a single label gets no L_c gradient at all.
-    s > 0 (Laplace's add-s estimate) keeps missing labels in L_c as damped negatives,
-    log γ ≈ −log(n + K s) below the others. On digits (seed 100, 30 rounds) s = 1 cost
-    25–33 points of final accuracy under #cnum=2 and Dir(0.05): the spike-rate
-    outputs of the missing labels are silenced again, as in FedAvg.
+    frequencies": s = 0 (the default) is exactly that, and Definition 1's γ = 0 for a
+    missing label. In Eq. 8 (``lc_form: eq8``) a missing label's term is then e^{f_c};
+    ``eq8_held`` and ``logit_adjusted`` leave it out of L_c (a client holding a single
+    label then gets no L_c gradient at all). s > 0 (Laplace's add-s estimate) gives
+    missing labels γ ≈ s / (n + K s) > 0. Measured with the former default (held labels
+    only) on digits (seed 100, 30 rounds): s = 1 cost 25–33 points of final accuracy
+    under #cnum=2 and Dir(0.05): the spike-rate outputs of the missing labels are
+    silenced, as in FedAvg.
     """
     counts = np.asarray(counts, dtype=np.float64)
     return (counts + smoothing) / (counts.sum() + smoothing * len(counts))
-
-
-def eq9_loss(student: torch.Tensor, teacher: torch.Tensor, missing, temperature: float = 1.0) -> torch.Tensor:
-    r"""L_d as Eq. 9 prints it: q̃_g, q̃_l the (temperature-T) softmax prediction vectors
-    of the global and local model over all labels, the sum over the missing labels M,
-
-    .. math:: L_d = \mathbb{E}\sum_{c\in M} \tilde q_g[c]\log\frac{\tilde q_g[c]}{\tilde q_l[c]}
-
-    times T² (T = 1, the paper's setting, changes nothing). Unlike
-    :func:`missing_label_kl` it is not zero with one missing label, and it is a partial
-    KL sum (it can be negative: minimizing it raises the local model's mass on M)."""
-    missing = torch.as_tensor(np.asarray(missing), dtype=torch.bool, device=student.device)
-    if not bool(missing.any()):
-        return student.sum() * 0.0
-    t = float(temperature)
-    log_q_local = F.log_softmax(student / t, dim=1)[:, missing]
-    log_q_global = F.log_softmax(teacher.detach() / t, dim=1)[:, missing]
-    return (log_q_global.exp() * (log_q_global - log_q_local)).sum(1).mean() * t * t
 
 
 def missing_label_kl(student: torch.Tensor, teacher: torch.Tensor, missing, temperature: float = 1.0) -> torch.Tensor:
@@ -119,11 +125,13 @@ def missing_label_kl(student: torch.Tensor, teacher: torch.Tensor, missing, temp
 
     .. math:: L_d = \mathbb{E}\sum_{c\in M} \tilde q_g[c]\log\frac{\tilde q_g[c]}{\tilde q_l[c]}
 
-    with q̃ the temperature-T softmax of the global (teacher) and local (student)
-    logits restricted to M — so it is a divergence (≥ 0, zero iff the two agree on
-    M), as in the authors' code — times T² (Hinton et al. 2015, so that the gradient
-    scale does not depend on T; T = 1 is the paper's setting). Zero when no label is
-    missing (and, as a softmax over one label, when exactly one is).
+    with q̃ the temperature-T softmax of the global (teacher) and local (student) logits
+    taken over M (the tilde as FedNTD's "not-true" softmax, Lee et al. 2022) — a
+    divergence (≥ 0, zero iff the two agree on M), times T² (Hinton et al. 2015, so that
+    the gradient scale does not depend on T; T = 1 is the paper's setting). It matches
+    only the ratios among the missing labels, not their mass: with the literal Eq. 8,
+    which pushes that mass down, FedLEC fell to chance (figures in :class:`FedLEC`).
+    Zero when no label is missing and, as a softmax over one label, when exactly one is.
     """
     missing = torch.as_tensor(np.asarray(missing), dtype=torch.bool, device=student.device)
     if not bool(missing.any()):
@@ -132,6 +140,58 @@ def missing_label_kl(student: torch.Tensor, teacher: torch.Tensor, missing, temp
     log_q_local = F.log_softmax(student[:, missing] / t, dim=1)
     q_global = F.softmax(teacher[:, missing].detach() / t, dim=1)
     return F.kl_div(log_q_local, q_global, reduction="batchmean") * t * t
+
+
+def missing_and_rest_kl(student: torch.Tensor, teacher: torch.Tensor, missing,
+                        temperature: float = 1.0) -> torch.Tensor:
+    r"""L_d, Eq. 9 (``algorithm.ld_form: missing_and_rest``, the default): q̃_g, q̃_l the
+    softmax prediction vectors of the global and local model over all labels, Eq. 9's sum
+    over the missing labels M, and the one term that makes it the KL divergence the text
+    names — the mass on the held labels H = C \ M as one bin:
+
+    .. math:: L_d = \mathbb{E}\Big[\sum_{c\in M} q_g[c]\log\frac{q_g[c]}{q_l[c]}
+              + q_g[H]\log\frac{q_g[H]}{q_l[H]}\Big], \quad q[H] = \sum_{c\notin M} q[c]
+
+    i.e. KL between the two models' distributions over "which missing label, or none".
+    ≥ 0, and zero iff the local model gives every missing label the global model's
+    probability: the text's "align[s] closely with the global model's predictions for
+    missing labels" and "retains its original predictive capability for missing labels",
+    which is what L_d must do against the literal Eq. 8 (it pushes the missing labels'
+    mass down). Why not the others: the sum over M alone (:func:`all_labels_kl`) is no
+    divergence and is minimised by moving mass onto M, away from the held labels; the
+    softmax over M (:func:`missing_label_kl`) matches only ratios among M. Times T²;
+    zero when no label is missing; not zero with exactly one."""
+    missing = torch.as_tensor(np.asarray(missing), dtype=torch.bool, device=student.device)
+    if not bool(missing.any()):
+        return student.sum() * 0.0
+    t = float(temperature)
+
+    def bins(logits):
+        logp = F.log_softmax(logits / t, dim=1)
+        return torch.cat([logp[:, missing], torch.logsumexp(logp[:, ~missing], 1, keepdim=True)], 1)
+
+    log_q_local, log_q_global = bins(student), bins(teacher.detach())
+    return (log_q_global.exp() * (log_q_global - log_q_local)).sum(1).mean() * t * t
+
+
+def all_labels_kl(student: torch.Tensor, teacher: torch.Tensor, missing, temperature: float = 1.0) -> torch.Tensor:
+    r"""``algorithm.ld_form: all_labels`` (neurofed's former default ``eq9``): Eq. 9's sum
+    over M with q̃_g, q̃_l the softmax over *all* labels,
+
+    .. math:: L_d = \mathbb{E}\sum_{c\in M} q_g[c]\log\frac{q_g[c]}{q_l[c]},
+              \quad q = \mathrm{softmax}_{\text{all labels}}
+
+    times T². A partial KL sum, not a divergence: it can be negative, and it is minimised
+    by raising the local model's mass on M — away from the labels the client holds. Kept
+    as an option for that measurement (FedLEC no better than FedAvg with it, see
+    :class:`FedLEC`). Unlike :func:`missing_label_kl` it is not zero with one missing label."""
+    missing = torch.as_tensor(np.asarray(missing), dtype=torch.bool, device=student.device)
+    if not bool(missing.any()):
+        return student.sum() * 0.0
+    t = float(temperature)
+    log_q_local = F.log_softmax(student / t, dim=1)[:, missing]
+    log_q_global = F.log_softmax(teacher.detach() / t, dim=1)[:, missing]
+    return (log_q_global.exp() * (log_q_global - log_q_local)).sum(1).mean() * t * t
 
 
 def aggregate_through_time(stacked: np.ndarray, weights, spec: ParamSpec) -> np.ndarray:
@@ -156,15 +216,15 @@ def aggregate_through_time(stacked: np.ndarray, weights, spec: ParamSpec) -> np.
     return theta.astype(np.float32)
 
 
-LC_FORMS = {"eq8": eq8_loss, "logit_adjusted": calibrated_ce}
-LD_FORMS = {"eq9": eq9_loss, "restricted": missing_label_kl}
+LC_FORMS = {"eq8": eq8_loss, "eq8_held": eq8_held_loss, "logit_adjusted": calibrated_ce}
+LD_FORMS = {"missing_and_rest": missing_and_rest_kl, "restricted": missing_label_kl, "all_labels": all_labels_kl}
 
 
 class FedLECClient(Client):
     r"""Local objective, Eq. 5: (1 − λ)·L_c + λ·L_d; L_c by ``algorithm.lc_form``
     (``eq8``: :func:`eq8_loss`; ``logit_adjusted``: :func:`calibrated_ce`), L_d by
-    ``algorithm.ld_form`` (``eq9``: :func:`eq9_loss`; ``restricted``:
-    :func:`missing_label_kl`), λ = ``algorithm.lambda``, T = ``algorithm.temperature``,
+    ``algorithm.ld_form`` (``restricted``: :func:`missing_label_kl`; ``all_labels``:
+    :func:`all_labels_kl`), λ = ``algorithm.lambda``, T = ``algorithm.temperature``,
     γ from :func:`label_prior` with s = ``algorithm.prior_smoothing``.
 
     γ comes from the client's label counts; the teacher is a second model instance from
@@ -229,19 +289,43 @@ class FedLECServer(Server):
 class FedLEC(FedAvg):
     """Server: :class:`FedLECServer` (ATT). Client: :class:`FedLECClient`.
 
-    Defaults: λ = 0.1 (the authors' code's ``-lamda``; the paper gives no value; on
-    digits λ = 0.5 was 9 points worse under #cnum=2 and 5 better under Dir(0.05)),
-    T = 1 (the paper's Eq. 9 has no temperature; the code uses 1), prior_smoothing
-    = 0 (local label frequencies; see :func:`label_prior`), lc_form eq8 and ld_form eq9
-    (the printed equations; ``logit_adjusted`` / ``restricted`` are the earlier readings
-    the recorded label-skew studies used).
+    Defaults: lc_form eq8 (Eq. 8 over Definition 1's C = J ∪ K ∪ M, γ = 0 for missing
+    labels), ld_form missing_and_rest (Eq. 9 as a KL divergence, :func:`missing_and_rest_kl`),
+    λ = 0.5 (the paper gives none; the authors' code's ``-lamda`` 0.1 goes with its own
+    L_d, the softmax over M), T = 1 (the paper's Eq. 9 has no temperature; the code uses 1),
+    prior_smoothing = 0 (local label frequencies; see :func:`label_prior`).
+
+    Measured on digits (examples/digits_label_skew.yaml: #cnum=2, 10 clients, 2 per
+    round, 30 rounds; seeds 1 / 2; final accuracy %, and the mean of the last 10 rounds):
+
+    ===========================  =====  =====  ===========
+    lc_form + ld_form, λ          s1     s2     last 10
+    ===========================  =====  =====  ===========
+    FedAvg                        13.3   15.8   17.0 / 11.9
+    eq8 + missing_and_rest, 0.5   29.6   31.1   27.7 / 24.0
+    eq8 + missing_and_rest, 0.8   24.4   34.0   35.9 / 26.0
+    eq8 + missing_and_rest, 0.1   17.8   16.0   15.9 / 12.0
+    eq8 + restricted, 0.1         10.0   10.2   10.5 / 10.6
+    eq8 + restricted, 0.5         12.4   22.9   13.6 / 13.6
+    eq8_held + restricted, 0.1    44.2   44.7   43.0 / 46.4
+    eq8_held + all_labels, 0.1    10.7   10.0   10.3 / 12.2   (the former default)
+    ===========================  =====  =====  ===========
+
+    Same file, seed 1, Dir(0.05): FedAvg 29.1, the defaults 49.8, eq8_held + restricted
+    (λ 0.1) 75.6; IID: FedAvg 95.3, the defaults 96.2.
+
+    Measured from outside on other digits settings (issue 32): FedAvg 16.7, eq8_held +
+    all_labels (the former default) 18.2, eq8_held + restricted 51.3, logit_adjusted +
+    restricted 46.7, logit_adjusted + all_labels 14.2. The held-only L_c (``eq8_held``)
+    learns best here, because a missing label's spike-rate output is never pushed down
+    (silenced outputs get little surrogate gradient); it is not the paper's label set.
     """
 
     name = "fedlec"
     Server = FedLECServer
     Client = FedLECClient
-    config_defaults = {"lambda": 0.1, "temperature": 1.0, "prior_smoothing": 0.0, "lc_form": "eq8",
-                       "ld_form": "eq9"}
+    config_defaults = {"lambda": 0.5, "temperature": 1.0, "prior_smoothing": 0.0, "lc_form": "eq8",
+                       "ld_form": "missing_and_rest"}
     config_checks = {"lambda": number(0, 1), "temperature": number(0, lo_open=True),
                      "prior_smoothing": number(0), "lc_form": choice(tuple(LC_FORMS)),
                      "ld_form": choice(tuple(LD_FORMS))}

@@ -23,7 +23,8 @@ Local objective of every variant (Eq. 13–14; the authors' code uses it for the
 baselines too): the TET loss, mean over time steps of the per-step cross-entropy of
 ``model.readout_per_step(output)`` (``algorithm.loss: rate`` gives the spike-rate
 cross-entropy instead), plus λ·Σ_L ‖B_L B_Lᵀ − I‖ (λ = ``algorithm.orth_lambda``; the
-norm is the mean squared entry, the authors' ``nn.MSELoss``; zero without banks).
+norm ``algorithm.orth_norm``: ``l2``, Eq. 13's printed ‖·‖_2 (entry-wise), or ``mse``, the
+authors' ``nn.MSELoss``, the form their λ values were tuned for; zero without banks).
 
 Width assignment (``algorithm.assign``): ``fixed`` (the paper's text: clients are
 clustered by their resources) — client i has ``client_widths[i]``, or, when that is
@@ -46,15 +47,35 @@ The server's firing-rate batch is data the server may hold: by default the first
 evaluation), ``rate_data: train`` the training set's — a deployment whose server holds
 no data needs a public or synthetic batch here, and the rates reveal nothing of a
 client's data (they are measured on the global models).
-Tucker (Eq. 10–12): M^p's three modes are decomposed (``tucker_view: matrix``: first
-mode × the rest, as the authors' code flattens its 1×1-conv weight), each
-width at its own full ranks with Eq. 11's mean over the core block all widths share
-(:func:`tucker_fuse`; ``tucker_ranks`` [b1, b2, b3] gives Eq. 10's fixed ranks, which
-truncate the wider widths' M every fusion round). Each decomposition gets one sign
-convention (:func:`canonical_signs`) before the cores are averaged — without it,
-tensorly's per-mode SVD signs make the average cancel (measured on trained digits
-models: cosine 0.999 between a full-rank width's M before and after fusion with the
-convention, −0.13 without). The authors fuse only in their first 45 % of rounds
+Tucker (Eq. 10–12), defaults measured on digits (examples/digits_sfedhifi.yaml under
+Dir(0.3), widths fixed per client, Eq. 13's printed norm; mean final accuracy over the four
+widths, seed 1, and seed 2 where given; same-width FedAvg, ``hetero_fedavg``: 50.9 / 49.2 %):
+
+- ``tucker_view: matrix`` (default): M^p as a matrix, its first mode (the a2 bank
+  elements) × the rest. The authors decompose their mixing 1×1 convolution's 4-way weight,
+  two of whose modes have size 1 — a matrix — and Eq. 10's four factor matrices A1..A4
+  are those of that 4-way weight. A matrix's Tucker core (HOOI from an SVD start) is its
+  diagonal of singular values, so Eq. 11 averages the widths' spectra and Eq. 12 gives
+  each width that mean spectrum on its own singular vectors: 50.9 / 49.8 %, width 0.25 at
+  50.0 / 45.3 % (FedAvg's: 54.4 / 44.0 %).
+  ``tensor``: M^p's three modes (Eq. 6's a2 × C^p/a1 × D^p, and Eq. 10's b1 × b2 × b3
+  core); the cores are dense, and averaging dense cores of independently decomposed
+  widths mixes entries that mean different things in each width's factor basis: 35.6 %
+  at the fixed ranks below (the former default, per-width ranks with the authors' mean of
+  squares in Eq. 13, 38.1 %).
+- ``tucker_ranks: min`` (default): Eq. 10's "pre-defined Tucker ranks", one core shape
+  that "retains the same shape when decomposed from all model scale factors" — the
+  element-wise minimum of the widths' shapes (:func:`fixed_ranks`), the largest core the
+  narrowest width has; in the matrix view (a2, a2) wherever the narrowest width's G·D ≥ a2
+  (hifi_cnn_digits, hifi_cnn), which truncates no width, as M's rank is at most a2. A fraction gives the authors' rule, ``0.25`` × that minimum on the first two
+  modes (their ``--n_basis``): 44.7 %, every width cut to a rank-2 M each round. A list
+  gives the ranks; ``per_width`` (the former default, not the paper's form: each width at
+  its own full rank, the mean over the core block all share) is :func:`tucker_fuse`'s.
+
+Each decomposition gets one sign convention (:func:`canonical_signs`) before the cores are
+averaged — without it, tensorly's per-mode SVD signs make the average cancel (measured on
+trained digits models: cosine 0.999 between a full-rank width's M before and after fusion
+with the convention, −0.13 without). The authors fuse only in their first 45 % of rounds
 (``fusion_until``).
 """
 
@@ -127,20 +148,37 @@ def default_ranks(shapes: list[tuple]) -> list[int]:
     return [min(r, int(np.prod([x for j, x in enumerate(ranks) if j != i]))) for i, r in enumerate(ranks)]
 
 
-def tucker_fuse(tensors: dict, ranks=None) -> dict:
+def fixed_ranks(shapes: list[tuple], setting) -> list[int]:
+    """Eq. 10's pre-defined Tucker ranks (b1, b2, ...), one core shape for every width.
+
+    ``setting`` (``algorithm.tucker_ranks``): ``"min"`` — :func:`default_ranks` of all the
+    widths' shapes, the largest core every width can be decomposed to (the narrowest width
+    exactly); a fraction f in (0, 1] — the authors' rule, round(f × that minimum) (at least
+    1) on the first two modes and the minimum on the rest (their ``tucker_sync``:
+    ``--n_basis 0.25`` on the two modes of their 1×1 convolution's weight); a list — the
+    ranks as given."""
+    if isinstance(setting, list):
+        return [int(r) for r in setting]
+    low = default_ranks(shapes)
+    if setting == "min":
+        return low
+    return [max(1, int(round(float(setting) * r))) if i < 2 else r for i, r in enumerate(low)]
+
+
+def tucker_fuse(tensors: dict, ranks) -> dict:
     """Eq. 10–12: Tucker-decompose each width's tensor, average the cores (Eq. 11),
     rebuild each tensor from the mean core and its own factors (Eq. 12).
 
-    ``ranks`` null (the default): per-width ranks — each width is decomposed at its own
-    full multilinear rank (:func:`default_ranks` of its shape alone, so its decomposition
-    is exact), and Eq. 11's mean is taken over the core block every width has, the leading
-    b = element-wise minimum of the widths' ranks (HOSVD orders each mode's components by
-    decreasing singular value, so that block holds each width's dominant components);
-    a wider width keeps the rest of its own core, and nothing of its M is truncated.
-    ``ranks`` a list (one per mode): Eq. 10's pre-defined ranks (b1, b2, b3) for every
-    width, the whole cores averaged; a width wider than b keeps only what its factors span.
-    Decomposition: tensorly's HOOI from an SVD init (deterministic), in float64, with
-    :func:`canonical_signs`.
+    ``ranks`` a list (one per mode): Eq. 10's pre-defined ranks (b1, b2, b3), the same
+    core shape for every width (see :func:`fixed_ranks`), the whole cores averaged; a
+    width's tensor keeps only what its factors span at those ranks. ``"per_width"``
+    (``algorithm.tucker_ranks: per_width``, not the paper's form): each width is decomposed
+    at its own full multilinear rank (:func:`default_ranks` of its shape alone, so its
+    decomposition is exact), and Eq. 11's mean is taken over the core block every width
+    has, the leading b = element-wise minimum of the widths' ranks (HOSVD orders each
+    mode's components by decreasing singular value); a wider width keeps the rest of its
+    own core. Decomposition: tensorly's HOOI from an SVD init (deterministic), in
+    float64, with :func:`canonical_signs`.
     """
     import tensorly as tl
     from tensorly.decomposition import tucker
@@ -149,7 +187,7 @@ def tucker_fuse(tensors: dict, ranks=None) -> dict:
     shapes = [a.shape for a in arrays.values()]
     if len({len(s) for s in shapes}) != 1:
         raise ValueError(f"tucker_fuse: tensors of different orders {shapes}")
-    own = {k: (default_ranks([a.shape]) if ranks is None else list(ranks)) for k, a in arrays.items()}
+    own = {k: (default_ranks([a.shape]) if ranks == "per_width" else list(ranks)) for k, a in arrays.items()}
     for k, a in arrays.items():
         r = own[k]
         if len(r) != a.ndim or any(x < 1 or x > d for x, d in zip(r, a.shape)):
@@ -160,7 +198,7 @@ def tucker_fuse(tensors: dict, ranks=None) -> dict:
         core, factors = tucker(tl.tensor(a), rank=own[k], init="svd", n_iter_max=100, tol=1e-10)
         parts[k] = canonical_signs(np.asarray(core), [np.asarray(f) for f in factors])
     shared = tuple(slice(0, min(r[i] for r in own.values())) for i in range(len(shapes[0])))
-    mean = np.mean([c[shared] for c, _ in parts.values()], axis=0)  # Eq. 11 over the shared block
+    mean = np.mean([c[shared] for c, _ in parts.values()], axis=0)  # Eq. 11 (over the shared block)
     out = {}
     for k, (core, factors) in parts.items():
         core = core.copy()
@@ -187,10 +225,14 @@ def _client_widths(v):
 
 
 def _ranks(v):
-    if v is None or (isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
-                                                       for x in v)):
+    if v in ("min", "per_width"):
         return None
-    return "expected null (per-width ranks) or a list of positive integers, one per mode"
+    if isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 < v <= 1:
+        return None
+    if isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v):
+        return None
+    return ("expected min (the widths' smallest shape), a fraction in (0, 1] of it on the first two modes "
+            "(the authors' 0.25), a list of positive integers (one per mode), or per_width")
 
 
 HETERO_DEFAULTS: dict[str, Any] = {
@@ -199,6 +241,7 @@ HETERO_DEFAULTS: dict[str, Any] = {
     "client_widths": None,  # assign fixed: one width per client; null: a balanced seeded draw
     "loss": "tet",  # tet (Eq. 14) | rate (cross-entropy of the spike-rate logits)
     "orth_lambda": 0.1,  # λ of Eq. 13 (the authors' Fashion-MNIST runs, baselines included)
+    "orth_norm": "l2",  # Eq. 13's printed ‖B Bᵀ − I‖_2 (entry-wise 2-norm) | mse (the authors' nn.MSELoss)
     "selection": "random",  # random (the paper: 5 of 10 at random) | cover_widths (redraw until every width)
 }
 HETERO_CHECKS = {
@@ -207,6 +250,7 @@ HETERO_CHECKS = {
     "client_widths": _client_widths,
     "loss": choice(("tet", "rate")),
     "orth_lambda": number(0),
+    "orth_norm": choice(("l2", "mse")),
     "selection": choice(("random", "cover_widths")),
 }
 SFEDHIFI_DEFAULTS: dict[str, Any] = {
@@ -215,8 +259,8 @@ SFEDHIFI_DEFAULTS: dict[str, Any] = {
     "fusion_layer": -1,  # HIFI_fixed: index among the factorized layers (-1: the last, the authors' choice)
     "fusion_every": 1,  # fuse every k-th round (the authors' --merger_epoch)
     "fusion_until": None,  # last round with fusion (the authors' --tucker_epochs); null: every round
-    "tucker_view": "tensor",  # tensor: M's 3 modes (Eq. 10) | matrix: M's first mode × the rest (authors' code)
-    "tucker_ranks": None,  # null: per-width full ranks, mean over the shared core block | a list: Eq. 10's b for all
+    "tucker_view": "matrix",  # matrix: M's first mode × the rest (authors' code) | tensor: M's 3 modes
+    "tucker_ranks": "min",  # Eq. 10's fixed ranks, one core shape: min | a fraction (authors 0.25) | a list | per_width
     "rate_data": "test",  # test | train: where the server's firing-rate batch comes from
     "rate_samples": 256,
     "rate_source": "output",  # output (Eq. 7) | input (the authors' code)
@@ -337,7 +381,7 @@ class HeteroClient(Client):
         if a["orth_lambda"]:
             from neurofed.models.factorized import orthogonality_penalty
 
-            loss = loss + a["orth_lambda"] * orthogonality_penalty(model)
+            loss = loss + a["orth_lambda"] * orthogonality_penalty(model, a["orth_norm"])
         return loss
 
 
@@ -528,7 +572,7 @@ class SFedHIFIServer(HeteroServer):
         if a["fusion"] == "fixed" and not -len(self.mixes) <= a["fusion_layer"] < len(self.mixes):
             raise ValueError(f"algorithm.fusion_layer: got {a['fusion_layer']}; the model has {len(self.mixes)} "
                              f"factorized layers (index 0..{len(self.mixes) - 1}, or negative from the end)")
-        if a["tucker_ranks"] is not None:  # fail before training, not at the first fusion
+        if isinstance(a["tucker_ranks"], list):  # fail before training, not at the first fusion
             r = a["tucker_ranks"]
             for p in self.widths:
                 for n in self.mixes:
@@ -617,7 +661,10 @@ class SFedHIFIServer(HeteroServer):
     def fuse(self, layer: int) -> None:
         name = self.mixes[layer]
         mixes = {p: self.specs[p].unpack(self.servers[p].params)[name] for p in self.widths}
-        fused = tucker_fuse({p: self.view(m) for p, m in mixes.items()}, self.cfg["algorithm"]["tucker_ranks"])
+        views = {p: self.view(m) for p, m in mixes.items()}
+        setting = self.cfg["algorithm"]["tucker_ranks"]
+        ranks = setting if setting == "per_width" else fixed_ranks([v.shape for v in views.values()], setting)
+        fused = tucker_fuse(views, ranks)
         for p in self.widths:
             self.servers[p].params = self.with_arrays(p, self.servers[p].params, {name: fused[p].reshape(mixes[p].shape)})
 

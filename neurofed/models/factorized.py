@@ -67,11 +67,24 @@ def fuse(bank: torch.Tensor, mix: torch.Tensor, out_channels: int) -> torch.Tens
     return w[:out_channels]
 
 
-def orthogonality(bank: torch.Tensor) -> torch.Tensor:
-    """‖B Bᵀ − I‖ of Eq. 13 for one bank, B flattened to (m, n·k²): the mean squared
-    entry, as the authors' ``orth_loss`` (``nn.MSELoss``); 0 iff B's filters are orthonormal."""
+ORTH_NORMS = ("l2", "mse")
+
+
+def orthogonality(bank: torch.Tensor, norm: str = "l2") -> torch.Tensor:
+    """‖B Bᵀ − I‖ of Eq. 13 for one bank, B flattened to (m, n·k²); 0 iff B's filters are
+    orthonormal. ``norm`` (``algorithm.orth_norm``): ``l2``, Eq. 13's printed ‖·‖_2 taken
+    entry-wise, sqrt(Σ (BBᵀ − I)²) (the Frobenius norm; "L_2 normalization" in the text);
+    ``mse``, the mean squared entry, Σ (BBᵀ − I)² / m², the authors' ``orth_loss``
+    (``nn.MSELoss``), whose λ values (0.1, 10) were tuned for that form. Near orthonormal
+    banks the two differ in kind: the squared form's gradient vanishes with the
+    deviation, the norm's does not."""
     b = bank.reshape(bank.shape[0], -1)
-    return ((b @ b.T - torch.eye(b.shape[0], dtype=b.dtype, device=b.device)) ** 2).mean()
+    sq = (b @ b.T - torch.eye(b.shape[0], dtype=b.dtype, device=b.device)) ** 2
+    if norm == "mse":
+        return sq.mean()
+    if norm == "l2":
+        return sq.sum().clamp_min(1e-24).sqrt()  # floored: the norm's gradient at exactly 0 is undefined
+    raise ValueError(f"orthogonality: norm {norm!r}; allowed: {', '.join(ORTH_NORMS)}")
 
 
 class FactorizedConvSynapse(slayer.synapse.layer.GenericLayer):
@@ -159,7 +172,8 @@ def factorized_synapses(model: nn.Module) -> list[FactorizedConvSynapse]:
     return [m for m in model.modules() if isinstance(m, FactorizedConvSynapse)]
 
 
-def orthogonality_penalty(model: nn.Module) -> torch.Tensor:
-    """Σ_L ‖B_L B_Lᵀ − I‖ over the model's filter banks (Eq. 13's regularizer); 0 without banks."""
-    terms = [orthogonality(s.bank) for s in factorized_synapses(model)]
+def orthogonality_penalty(model: nn.Module, norm: str = "l2") -> torch.Tensor:
+    """Σ_L ‖B_L B_Lᵀ − I‖ over the model's filter banks (Eq. 13's regularizer, ``norm`` as
+    :func:`orthogonality`); 0 without banks."""
+    terms = [orthogonality(s.bank, norm) for s in factorized_synapses(model)]
     return torch.stack(terms).sum() if terms else torch.zeros(())

@@ -5,7 +5,8 @@ A sweep file (paths relative to the sweep file's folder)::
 
     name: fedsnn_scaling                  # optional; default: the file's stem
     base: ../digits_fedavg.yaml           # the config every point starts from
-    set: {federation.rounds: 20, export: false}   # fixed overrides (dotted keys, as --set)
+    set: {federation.rounds: 20, export: false}   # fixed overrides (dotted keys, as --set;
+                                          # neurofed sweep --set KEY=VALUE adds to them)
     grid:                                 # the product of all these lists
       model.kind: [snn, ann]
       partition.scheme: [iid, dirichlet]
@@ -48,7 +49,8 @@ __all__ = ["Sweep", "add_commands", "default_workers", "load_sweep", "point_conf
 
 
 def cmd_sweep(args) -> int:
-    rows = run_sweep(args.sweep, out=args.out, workers=args.workers, resume=args.resume, progress=not args.quiet)
+    rows = run_sweep(args.sweep, out=args.out, workers=args.workers, resume=args.resume, progress=not args.quiet,
+                     overrides=args.overrides)
     out = Path(args.out) if args.out else Path("sweeps") / load_sweep(args.sweep).name
     if not rows:  # the report was refused (said why on stderr)
         return 1
@@ -74,6 +76,9 @@ def add_commands(sub) -> None:
     p.add_argument("--resume", action="store_true",
                    help="skip finished runs, resume interrupted ones from their checkpoints, retry failed ones")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key of every run, as the sweep's set: (not a key the grid varies; "
+                        "repeatable)")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="rewrite a sweep directory's results.csv/.md and plots from its runs")

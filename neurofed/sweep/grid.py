@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from neurofed.config import ConfigError, deep_merge, load_config, yaml_load
+from neurofed.config import ConfigError, deep_merge, load_config, parse_override, yaml_load
 
 SWEEP_KEYS = ("name", "description", "base", "set", "grid", "zip", "seeds", "target_accuracy", "plots")
 PLOT_KINDS = ("bars", "curves", "rounds")
@@ -355,6 +355,25 @@ def _check_plots(plots, sweep: Sweep, fname: str) -> list[dict]:
     if problems:
         raise ConfigError("\n".join(f"{fname}: {p}" for p in problems))
     return out
+
+
+def with_overrides(sweep: Sweep, overrides) -> Sweep:
+    """The sweep with ``--set KEY=VALUE`` items added to its ``set`` (replacing a key it
+    already fixes), for every run. A key the grid varies, or ``seed``, is refused: the
+    override would silently flatten that dimension."""
+    problems = []
+    for item in overrides:
+        key, value = parse_override(item)
+        if key == "seed":
+            problems.append(f"--set {item!r}: the seeds of a sweep are its seeds: [..] list; edit that")
+        elif key in sweep.varied or any(k.startswith(key + ".") or key.startswith(k + ".") for k in sweep.varied):
+            problems.append(f"--set {item!r}: {key} is varied by the sweep's grid/zip; an override would make its "
+                            f"points identical (allowed: any key the grid does not vary)")
+        else:
+            sweep.fixed[key] = value
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return sweep
 
 
 def point_configs(sweep: Sweep) -> dict[str, dict]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from neurofed.config import ConfigError
-from neurofed.sweep.grid import Sweep, load_sweep, point_configs
+from neurofed.sweep.grid import Sweep, load_sweep, point_configs, with_overrides
 from neurofed.sweep.report import ReportRefused, report
 
 
@@ -93,12 +93,14 @@ def _plan(sweep: Sweep, configs: dict[str, dict], out: Path, resume: bool) -> tu
 
 
 def run_sweep(path: str | Path, out: str | Path | None = None, workers: int | None = None, resume: bool = False,
-              progress: bool = True) -> list[dict]:
+              progress: bool = True, overrides=()) -> list[dict]:
     """Validate the sweep and every run's config, run what is not finished, write the report.
 
+    ``overrides``: ``KEY=VALUE`` items (``neurofed sweep --set``) added to the sweep's
+    ``set`` for every run (:func:`neurofed.sweep.grid.with_overrides`); sweep.json records them.
     Returns the result rows (one per point) as :func:`report` does.
     """
-    sweep = load_sweep(path)
+    sweep = with_overrides(load_sweep(path), overrides)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ConfigError(f"--workers: got {workers!r}; expected an integer >= 1")
     configs = point_configs(sweep)
