@@ -35,6 +35,7 @@ from neurofed.fl.privacy import SEEDED, Accountant
 from neurofed.fl.seeds import rng_for, seed_for
 from neurofed.fl.train import evaluate
 from neurofed.models import build_model, build_run_model
+from neurofed.models.init import initialize
 from neurofed.runfiles import (CHECKPOINT, LEGACY_CHECKPOINT, MODEL_BEST, MODEL_LAST, legacy_checkpoint_error,
                                load_state, save_state)
 
@@ -110,6 +111,7 @@ class Experiment:
         self.algorithm = get_algorithm_class(cfg["algorithm"]["name"])
         torch.manual_seed(seed_for(cfg["seed"], "init"))
         self.eval_model = self.new_model()  # on the CPU: export and energy read it
+        self.init_report = initialize(self.eval_model, cfg, self.x_train)  # model.init: firing
         self._eval_models: dict[str, torch.nn.Module] = {}  # other global models' (model_for)
         self._device_models: dict[str, torch.nn.Module] = {}  # their twins on self.device
         self.spec = ParamSpec.from_model(self.eval_model)
