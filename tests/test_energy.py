@@ -410,10 +410,14 @@ def test_two_weight_layers_and_a_pool_by_hand_under_each_convention():
     assert papers["sfedca"]["network_rate"] == pytest.approx(0.375)
     assert papers["sfedca"]["snn_energy_j"] == pytest.approx(7.5 * ac)
     assert papers["sfedca"]["ann_energy_j"] == pytest.approx(10 * mac)
-    # SFedHIFI Eq. 15-16: 2(f_in+1)β: conv 2·2·8 = 32, pool 2·5·2 = 20, dense 2·3·1 = 6 → ANN 58 MACs;
+    # SFedHIFI Eq. 15-16 as its authors counted: (f_in+1)β per layer of neurons, k²β per pool: conv
+    # 2·8 = 16, pool 4·2 = 8, dense 3·1 = 3 → ANN 27; SNN: conv 16 MACs + pool 8·.5·2 + dense 3·.5·2 = 11 ACs.
+    assert papers["sfedhifi"]["ann_energy_j"] == pytest.approx(27 * mac)
+    assert papers["sfedhifi"]["snn_energy_j"] == pytest.approx(16 * mac + 11 * ac)
+    # Eq. 15 as printed, 2(f_in+1)β: conv 2·2·8 = 32, pool 2·5·2 = 20, dense 2·3·1 = 6 → ANN 58;
     # SNN: conv 32 MACs + pool 20·.5·2 + dense 6·.5·2 = 26 ACs.
-    assert papers["sfedhifi"]["ann_energy_j"] == pytest.approx(58 * mac)
-    assert papers["sfedhifi"]["snn_energy_j"] == pytest.approx(32 * mac + 26 * ac)
+    assert papers["sfedhifi_eq15"]["ann_energy_j"] == pytest.approx(58 * mac)
+    assert papers["sfedhifi_eq15"]["snn_energy_j"] == pytest.approx(32 * mac + 26 * ac)
     # convention paper: the headline is the algorithm's paper, the measured count under "exact"
     for algorithm, paper in (("fedavg", "fedsnn"), ("sfedca", "sfedca"), ("sfedhifi", "sfedhifi"),
                              ("hetero_fedavg", "sfedhifi")):
@@ -421,3 +425,19 @@ def test_two_weight_layers_and_a_pool_by_hand_under_each_convention():
         assert e["paper"] == paper and e["snn_energy_j"] == pytest.approx(papers[paper]["snn_energy_j"])
         assert e["profiles"]["cmos45_fp32"]["ann_energy_j"] == pytest.approx(papers[paper]["ann_energy_j"])
         assert e["exact"]["snn_energy_j"] == pytest.approx(14 * ac)
+
+
+def test_ann_run_energy_follows_the_convention():
+    # conv 1→2 (k 1) on 1×2×2 – pool 2 – flatten – dense 2→1, as above: exact 18 MACs (pool
+    # included); FedSNN / SFedCA 10 (weight layers only); SFedHIFI's count 27.
+    from neurofed.energy.report import _ann_only
+
+    layers = resolve([Layer("conv", 2, kernel=1), Layer("pool", kernel=2, stride=2), Layer("flatten"),
+                      Layer("dense", 1)], (1, 2, 2))
+    fp32 = load_profile("cmos45_fp32")
+    mac = 4.6 * PJ
+    assert _ann_only(layers, [fp32])["ann_energy_j"] == pytest.approx(18 * mac)
+    for algorithm, macs in (("fedavg", 10), ("sfedca", 10), ("sfedhifi", 27)):
+        e = _ann_only(layers, [fp32], convention="paper", algorithm=algorithm)
+        assert e["ann_energy_j"] == pytest.approx(macs * mac) and e["snn_energy_j"] is None
+        assert e["profiles"]["cmos45_fp32"]["exact"]["ann_energy_j"] == pytest.approx(18 * mac)

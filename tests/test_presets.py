@@ -117,7 +117,11 @@ def test_preset_trains_one_round_on_tiny_files(stem, roots, tmp_path):
     assert ckpt.is_file() and ckpt.stat().st_size > 0
 
 
-SWEEPS = {"fedsnn_table1": 2 * 2 * 7 * 3, "fedlec_table1": 5 * 7 * 3, "sfedca_table2": 4 * 4, "sfedhifi_table2": 3 * 4}
+SWEEPS = {"fedsnn_table1": 2 * 2 * 7 * 2 * 3, "fedlec_table1": 15 * 7 * 3, "sfedca_table2": 12 * 5,
+          "sfedhifi_table1": 9 * 4, "sfedhifi_table2": 3 * 4, "sfedhifi_table3": 3 * 2}
+# Their baselines switch algorithm.name away from sfedhifi, which the presets' fusion_until refuses
+# until issue 32 item 8's rule (keys of another algorithm dropped) is merged: see the xfail below.
+NEEDS_ALGORITHM_SWITCH = ("sfedhifi_table1", "sfedhifi_table3")
 
 
 @pytest.mark.parametrize("stem", sorted(SWEEPS))
@@ -129,8 +133,91 @@ def test_paper_sweeps_expand(stem):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stem", sorted(SWEEPS))
+@pytest.mark.parametrize("stem", sorted(set(SWEEPS) - set(NEEDS_ALGORITHM_SWITCH)))
 def test_paper_sweeps_points_validate(stem):
     from neurofed.sweep import load_sweep, point_configs
 
     assert len(point_configs(load_sweep(PAPERS / "sweeps" / f"{stem}.yaml"))) == SWEEPS[stem]
+
+
+@pytest.mark.parametrize("stem", NEEDS_ALGORITHM_SWITCH)
+@pytest.mark.xfail(strict=True, reason="issue 32 item 8: algorithm.name=hetero_* on a SFedHIFI preset refuses "
+                                       "fusion_until; remove this mark when that rule is merged")
+def test_paper_sweeps_switching_algorithm_validate(stem):
+    from neurofed.sweep import load_sweep, point_configs
+
+    assert len(point_configs(load_sweep(PAPERS / "sweeps" / f"{stem}.yaml"))) == SWEEPS[stem]
+
+
+def _sweep_points(stem: str) -> list[dict]:
+    """Every point's merged overrides (set + point values), without validating the config."""
+    from neurofed.sweep import load_sweep
+
+    from neurofed.config import deep_merge
+
+    path = PAPERS / "sweeps" / f"{stem}.yaml"
+    sweep = load_sweep(path)
+    base = yaml.safe_load((path.parent / yaml.safe_load(path.read_text())["base"]).read_text())
+    return [deep_merge(base, sweep.config_data(p, sweep.seeds[0])) for p in sweep.points]
+
+
+def _split(partition: dict) -> tuple:
+    """A partition's identity as the presets name it (scheme and its own parameter)."""
+    own = {"dirichlet": "alpha", "dir_n": "alpha", "ci": "ratio", "shards": "shards_per_client",
+           "cnum": "classes_per_client", "iid": None}[partition["scheme"]]
+    value = partition.get(own) if own else None
+    return partition["scheme"], tuple(value) if isinstance(value, list) else value
+
+
+# Each paper's main table is one sweep (issue 32 item 10): its points cover every dataset and split
+# the paper's presets set, with the preset's own settings for that column.
+MAIN_TABLES = {"fedsnn": "fedsnn_table1", "fedlec": "fedlec_table1", "sfedca": "sfedca_table2",
+               "sfedhifi": "sfedhifi_table1"}
+COLUMN_KEYS = {"fedsnn": [], "fedlec": [], "sfedca": [("model", "name"), ("federation", "lr"),
+                                                      ("federation", "local_epochs"),
+                                                      ("federation", "target_accuracy")],
+               "sfedhifi": [("model", "name"), ("federation", "rounds"), ("federation", "lr"),
+                            ("federation", "lr_milestones"), ("algorithm", "orth_lambda"),
+                            ("algorithm", "fusion_until")]}
+
+
+@pytest.mark.parametrize("paper", sorted(MAIN_TABLES))
+def test_each_main_table_is_one_sweep_over_its_presets(paper):
+    points = _sweep_points(MAIN_TABLES[paper])
+    for path in (p for p in PRESETS if p.stem.startswith(paper + "_")):
+        preset = yaml.safe_load(path.read_text())
+        column = [pt for pt in points if pt["data"]["name"] == preset["data"]["name"]
+                  and _split(pt["partition"]) == _split(preset["partition"])]
+        assert column, f"{MAIN_TABLES[paper]} has no point for {path.stem}"
+        for section, key in COLUMN_KEYS[paper]:
+            assert {repr(pt[section][key]) for pt in column} == {repr(preset[section][key])}, (path.stem, key)
+
+
+def test_sfedca_rounds_to_target_uses_table3s_target_per_column():
+    # SFedCA Table 3's header, per dataset: Dir(0.3), 2Shards, Dir_100(0.3), CI(3:1; 0.3).
+    table3 = {"mnist": (0.90, 0.90, 0.95, 0.90), "fashion_mnist": (0.65, 0.60, 0.65, 0.60),
+              "cifar10": (0.50, 0.40, 0.60, 0.50)}
+    order = ("dirichlet", "shards", "dir_n", "ci")
+    for pt in _sweep_points("sfedca_table2"):
+        want = table3[pt["data"]["name"]][order.index(pt["partition"]["scheme"])]
+        assert pt["federation"]["target_accuracy"] == pytest.approx(want)
+
+
+def test_fedsnn_presets_use_the_authors_weight_decay():
+    for path in PAPERS.glob("fedsnn_*.yaml"):  # utils/options.py: --weight_decay default 1e-4
+        assert yaml.safe_load(path.read_text())["federation"]["weight_decay"] == pytest.approx(1e-4), path.stem
+
+
+def test_ann_rows_have_their_own_recipe():
+    """Table I's ANN columns train with the paper's ANN optimizer, not the SNN's (FedSNN Sec. IV);
+    SFedCA's Table 2 has an ANN FedAvg row and SFedHIFI's Table 3 an ANN row."""
+    fedsnn = _sweep_points("fedsnn_table1")
+    ann = [pt for pt in fedsnn if pt["model"].get("kind") == "ann"]
+    snn = [pt for pt in fedsnn if pt["model"].get("kind", "snn") == "snn"]
+    assert len(ann) == len(snn) > 0
+    assert {(pt["federation"]["lr"], pt["federation"]["weight_decay"]) for pt in ann} == {(0.001, 5e-4)}
+    assert {(pt["federation"]["lr"], pt["federation"]["weight_decay"]) for pt in snn} == {(0.1, 1e-4)}
+    sfedca = {(pt["algorithm"]["name"], pt["model"].get("kind", "snn")) for pt in _sweep_points("sfedca_table2")}
+    assert ("fedavg", "ann") in sfedca and ("fedavg", "snn") in sfedca
+    table3 = {(pt["algorithm"]["name"], pt["model"].get("kind", "snn")) for pt in _sweep_points("sfedhifi_table3")}
+    assert table3 == {("hetero_fedavg", "ann"), ("sfedhifi", "snn")}

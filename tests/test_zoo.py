@@ -56,9 +56,9 @@ def test_sfedca_nets_have_the_papers_layer_counts():
     mnist = topology("sfedca_mnist", 1.0, 10, (1, 28, 28))  # "2 Conv layers and 2 FC layers"
     assert [l.kind for l in mnist].count("conv") == 2 and [l.kind for l in mnist].count("dense") == 2
     alex = topology("sfedca_alexnet", 1.0, 10, (3, 32, 32))  # AlexNet: 5 conv + 3 dense
-    assert [l.out for l in alex if l.kind == "conv"] == [64, 192, 384, 256, 256]
-    assert [l.out for l in alex if l.kind == "dense"] == [1024, 1024, 10]
-    assert alex[-5].out_shape == (256, 4, 4)
+    assert [l.out for l in alex if l.kind == "conv"] == [48, 128, 192, 192, 128]  # sizes: paper_nets.py
+    assert [l.out for l in alex if l.kind == "dense"] == [2048, 1024, 10]
+    assert alex[-5].out_shape == (128, 8, 8)
 
 
 def test_resnet18_stages_and_shortcuts():

@@ -23,8 +23,15 @@ def _profile_args(p) -> None:
 
 
 def cmd_energy(args) -> int:
-    from neurofed.energy.report import energy_for_run, format_summary
+    from neurofed.energy.report import config_numbers, energy_for_run, format_config_numbers, format_summary
 
+    if Path(args.run_dir).is_file():  # a config: the training-free numbers of its model
+        from neurofed.config import load_config
+
+        print(format_config_numbers(config_numbers(load_config(args.run_dir, args.overrides), args.profiles)))
+        return 0
+    if args.overrides:
+        raise ValueError("--set: only with a config file (a run's config is the one it ran with)")
     if args.samples is not None and args.samples < 1:
         raise ValueError(f"--samples: got {args.samples}; expected >= 1")
     result = energy_for_run(args.run_dir, profiles=args.profiles, spikes=args.spikes, samples=args.samples,
@@ -46,8 +53,13 @@ def cmd_energy_report(args) -> int:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("energy", help="energy per inference of a run (SNN vs ANN twin) on hardware profiles")
-    p.add_argument("run_dir", help="run directory written by `neurofed run`")
+    p = sub.add_parser("energy", help="energy per inference of a run (SNN vs ANN twin) on hardware profiles; "
+                                      "of a config file's model: its ANN twin, without training")
+    p.add_argument("run_dir", metavar="RUN_DIR|CONFIG",
+                   help="run directory written by `neurofed run`, or a config file (e.g. a paper preset): its "
+                        "ANN twin's energy under the exact count and each paper's formula, no training")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="with a config file: override a config key, e.g. --set model.width=0.5 (repeatable)")
     _profile_args(p)
     from neurofed.deploy.cli import round_arg
 

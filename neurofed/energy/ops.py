@@ -95,6 +95,7 @@ def _flatten(layer: Layer, in_map, mask):
     return 0, 0.0
 
 
+FACTORIZED_KEYS = ("full_in", "full_out", "bank_fraction", "group_fraction")
 COUNTERS: dict[str, Callable] = {"conv": _conv, "pool": _pool, "dense": _dense, "flatten": _flatten}
 NAMES = {"conv": "conv", "pool": "pool", "dense": "fc"}
 
@@ -248,6 +249,8 @@ def count_layers(layers: list[Layer], input_maps: list, output_spikes: list[floa
             "membrane_updates": int(neurons * timesteps),
             "zero_weight_fraction": (float(1 - masks[i].mean()) if masks[i] is not None else None),
         })
+        if layer.options.get("block") == "factorized_conv":  # its geometry, for SFedHIFI's own count
+            rows[-1]["factorized"] = {k: layer.options[k] for k in FACTORIZED_KEYS}
     return rows
 
 

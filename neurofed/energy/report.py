@@ -157,7 +157,7 @@ def compute_energy(layers, maps: SpikeMaps, profiles: list[Profile], masks=None,
     ``convention`` (``energy.convention``): ``exact`` headlines the measured count;
     ``paper`` the formula of ``algorithm``'s paper (:mod:`neurofed.energy.conventions`),
     the exact figures kept under ``exact``. ``paper_conventions`` always holds all three
-    papers' figures per profile."""
+    papers' figures per profile (and SFedHIFI's Eq. 15 as printed)."""
     rows = count_layers(layers, maps.input_maps, maps.output_spikes, maps.samples, maps.timesteps,
                         masks=masks, analog_input=maps.analog_input, skip_maps=maps.skip_maps)
     priced = {p.name: price(rows, p) for p in profiles}
@@ -209,8 +209,9 @@ def compute_energy(layers, maps: SpikeMaps, profiles: list[Profile], masks=None,
     return result
 
 
-def _ann_only(layers, profiles: list[Profile]) -> dict:
-    """An ANN run: only the MACs of its own network."""
+def _ann_only(layers, profiles: list[Profile], convention: str = "exact", algorithm: str = "fedavg") -> dict:
+    """An ANN run: only the MACs of its own network; with ``convention`` paper the headline is
+    the ANN energy by ``algorithm``'s paper's formula (as its tables print the ANN rows)."""
     rows = count_layers(layers, [None] * len(layers), [None] * len(layers), 1, 1)
     for r in rows:
         for k in ("synaptic_ops", "synaptic_ops_all_weights", "synaptic_ops_approx", "firing_rate",
@@ -221,10 +222,21 @@ def _ann_only(layers, profiles: list[Profile]) -> dict:
         r["energy"] = {name: {k: v for k, v in res["layers"][j].items() if k != "name"}
                        for name, res in priced.items()}
     first = profiles[0].name
-    return {"profile": first, "snn_energy_j": None, "ann_energy_j": priced[first]["ann_energy_j"],
+    papers = {p.name: {paper: {"ann_energy_j": paper_energy(rows, p, paper, 1)["ann_energy_j"]} for paper in PAPERS}
+              for p in profiles}
+    headline = {n: (papers[n][paper_for(algorithm)]["ann_energy_j"] if convention == "paper" else r["ann_energy_j"])
+                for n, r in priced.items()}
+    notes = ["an ANN run (model.kind=ann): MACs of its own network only"]
+    if convention == "paper":
+        notes.append(f"convention paper: ANN energy by {paper_for(algorithm)}'s formula (neurofed.energy.conventions); "
+                     f"the exact count is under each profile's 'exact'")
+    return {"profile": first, "convention": convention, "snn_energy_j": None, "ann_energy_j": headline[first],
             "ann_over_snn": None, "layers": rows,
-            "profiles": {n: {"ann_energy_j": r["ann_energy_j"], "profile": r["profile"]} for n, r in priced.items()},
-            "notes": ["an ANN run (model.kind=ann): MACs of its own network only"]}
+            "profiles": {n: {"ann_energy_j": headline[n], "profile": r["profile"],
+                             **({"exact": {"ann_energy_j": r["ann_energy_j"]}} if convention == "paper" else {})}
+                         for n, r in priced.items()},
+            "paper_conventions": papers, **({"paper": paper_for(algorithm)} if convention == "paper" else {}),
+            "notes": notes}
 
 
 # --------------------------------------------------------------------------- one run
@@ -243,7 +255,8 @@ def energy_for_run(run_dir: str | Path, profiles=None, spikes: str = "torch", sa
     profs = load_profiles(refs)
     model = run.model
     if getattr(model, "kind", "snn") == "ann":
-        result = _ann_only(model.layers, profs)
+        result = _ann_only(model.layers, profs, convention=convention or run.cfg.get("energy", {}).get("convention", "exact"),
+                           algorithm=run.cfg["algorithm"]["name"])
     else:
         maps = _measure(run, spikes, samples)
         result = compute_energy(model.layers, maps, profs, masks=synapse_masks(model),
@@ -270,6 +283,50 @@ def energy_for_run(run_dir: str | Path, profiles=None, spikes: str = "torch", sa
         if "skipped" not in result["training"]:
             plot_training_energy([result["training"]], run.run_dir / "plots" / "training_energy.png")
     return result
+
+
+def config_numbers(cfg: dict, profiles=None) -> dict:
+    """The training-free numbers of a config's model: its ANN twin's operations per inference
+    (no spikes, so no SNN energy) under the exact count and each paper's formula, priced on
+    ``profiles`` (default: the config's), at each width of a heterogeneous-width algorithm."""
+    from neurofed.data.images import IMAGE_SETS
+    from neurofed.models import build_model
+
+    data = cfg["data"]
+    if data["name"] in IMAGE_SETS:  # shape and classes without reading the files
+        spec = IMAGE_SETS[data["name"]]
+        shape, classes = spec.shape, spec.num_classes
+        if data["name"] == "cifar100" and data.get("cifar100_labels") == "coarse":
+            classes = 20
+    else:
+        from neurofed.data import load_dataset
+
+        ds = load_dataset(data, cfg["seed"])
+        shape, classes = ds.input_shape, ds.num_classes
+    profs = load_profiles(profiles or cfg.get("energy", {}).get("profiles") or DEFAULT_PROFILES)
+    widths = cfg["algorithm"].get("widths") or [cfg["model"]["width"]]
+    out = {"model": cfg["model"]["name"], "dataset": data["name"], "input_shape": list(shape), "widths": {}}
+    for width in widths:
+        layers = build_model({**cfg["model"], "width": width}, shape, classes).layers  # the config's layer options
+        rows = count_layers(layers, [None] * len(layers), [None] * len(layers), 1, 1)
+        out["widths"][float(width)] = {
+            "macs": sum(r["macs"] for r in rows),
+            "profiles": {p.name: {"exact": price(rows, p)["ann_energy_j"],
+                                  **{paper: paper_energy(rows, p, paper, 1)["ann_energy_j"] for paper in PAPERS}}
+                         for p in profs}}
+    return out
+
+
+def format_config_numbers(numbers: dict) -> str:
+    """One line per width and profile: the ANN energy (µJ) under each count."""
+    counts = ("exact",) + PAPERS
+    lines = [f"{numbers['model']} on {numbers['dataset']} {'x'.join(map(str, numbers['input_shape']))}, "
+             f"ANN twin, no training (SNN energies need a run's spikes); energy per inference in uJ",
+             f"{'width':>6s} {'profile':12s} {'MACs (exact)':>13s} " + " ".join(f"{c:>13s}" for c in counts)]
+    for width, w in numbers["widths"].items():
+        for name, e in w["profiles"].items():
+            lines.append(f"{width:>6g} {name:12s} {w['macs']:>13,} " + " ".join(f"{e[c] * 1e6:>13.3f}" for c in counts))
+    return "\n".join(lines)
 
 
 def format_summary(result: dict) -> str:
