@@ -43,6 +43,11 @@ def cmd_run(args) -> int:
     summary = run(cfg, out, resume=args.resume, progress=not args.quiet)
     print(f"final accuracy {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f}) "
           f"after {summary['rounds']} rounds in {summary['wall_time_s']:.1f} s on {summary['device']['device']} -> {out}")
+    health = summary.get("health", {})
+    if args.strict and not health.get("ok", True):
+        print(f"neurofed: --strict: the run is not healthy ({len(health['problems'])} problem(s), "
+              f"summary.json 'health'): {health['problems'][0]}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -72,6 +77,8 @@ def add_commands(sub) -> None:
     p.add_argument("--out", help="run directory (default runs/<config>-seed<seed>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 when the run is not healthy (silent layers, loss stuck at chance, dropped updates)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("partition", help="print a config's client partition and write a heatmap PNG")

@@ -31,6 +31,7 @@ from neurofed.data.encoding import as_tensor
 from neurofed.data.partition import label_counts, partition
 from neurofed.device import describe_device, device_line, resolve_device
 from neurofed.fl.params import ParamSpec
+from neurofed.fl.health import Health
 from neurofed.fl.privacy import SEEDED, Accountant
 from neurofed.fl.seeds import rng_for, seed_for
 from neurofed.fl.train import evaluate
@@ -373,6 +374,9 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     history: list[dict] = []
     best = None  # the model state of the best round so far (first of equals, as summarize)
     accountant = Accountant(cfg, exp.dataset.num_classes, exp.algorithm)
+    health = Health(cfg, exp.dataset.num_classes)
+    if state is None:
+        health.check_start(exp.eval_model, exp.x_train)
     if state is not None:
         start = exp.restore(state)
         best = state.get("best")
@@ -382,6 +386,7 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
             history = [h for h in history if h["round"] <= start]
         metrics_path.write_text("".join(json.dumps(h) + "\n" for h in history))
         accountant.replay(history)
+        health.replay(history, exp.eval_model)
         # the model files may be a round ahead of (or behind) the checkpoint after a kill
         if best is not None:
             save_state(out / MODEL_BEST, best, "model")
@@ -400,6 +405,7 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     prior_time = sum(h.get("wall_time_s", 0.0) for h in history)
     for rnd in range(start + 1, rounds + 1):
         record = exp.run_round(rnd)
+        health.check_round(record, exp.eval_model)
         privacy = accountant.record(record["trained"])
         if privacy is not None:
             record["privacy"] = privacy
@@ -425,6 +431,9 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     summary["privacy"] = accountant.summary()
     summary["models_kept"] = {"last": MODEL_LAST, "best": MODEL_BEST}
     summary["device"] = device
+    summary["health"] = health.summary()
+    if exp.init_report is not None:
+        summary["init"] = {"mode": "firing", "rates": cfg["model"]["init_rates"], "layers": exp.init_report}
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2).encode())
     from neurofed.plots import plot_accuracy, write_class_coverage
 
