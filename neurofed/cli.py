@@ -49,6 +49,11 @@ def cmd_run(args) -> int:
     if failed:  # training's results are on disk; the exit code still says a step did not work
         print(f"neurofed: {', '.join(failed)} step(s) failed (summary.json: after_training); exit 1", file=sys.stderr)
         return 1
+    health = summary.get("health", {})
+    if args.strict and not health.get("ok", True):
+        print(f"neurofed: --strict: the run is not healthy ({len(health['problems'])} problem(s), "
+              f"summary.json 'health'): {health['problems'][0]}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -78,6 +83,8 @@ def add_commands(sub) -> None:
     p.add_argument("--out", help="run directory (default runs/<config>-seed<seed>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 when the run is not healthy (silent layers, loss stuck at chance, dropped updates)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("partition", help="print a config's client partition and write a heatmap PNG")

@@ -27,7 +27,7 @@ def register_dataset(name: str):
 
 def _ensure_builtin():
     # Importing the modules registers their datasets.
-    from neurofed.data import digits, images  # noqa: F401
+    from neurofed.data import digits, images, standins  # noqa: F401
 
     try:
         from neurofed.data import events  # noqa: F401

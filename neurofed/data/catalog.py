@@ -60,6 +60,7 @@ def catalog(root=None, test_fraction: float = 0.25) -> list[dict]:
     """One row per registered data set (see the module docstring)."""
     from neurofed.data import dataset_names
     from neurofed.data.images import IMAGE_SETS, describe
+    from neurofed.data.standins import STANDINS, describe as describe_standin
 
     rows = []
     for name in dataset_names():
@@ -68,6 +69,8 @@ def catalog(root=None, test_fraction: float = 0.25) -> list[dict]:
             row["shape"] = "x".join(map(str, row["shape"]))
         elif name in ("digits", "digits_events"):
             row = _embedded(name, test_fraction)
+        elif name in STANDINS:
+            row = describe_standin(name, test_fraction)
         elif name in _EVENT_SETS:
             row = _event_row(name, root, test_fraction)
         else:  # registered elsewhere, without a description

@@ -53,6 +53,7 @@ draws are made; then :class:`PartitionError` says which setting to relax.
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from pathlib import Path
@@ -301,9 +302,19 @@ def _get_ratio(cfg: dict) -> tuple[float, float]:
     return float(v[0]), float(v[1])
 
 
+_said: set = set()  # notes already printed by this process
+
+
 def _get_min_size(cfg: dict, total: int, n: int) -> int:
-    """``min_size``, capped at half the fair share so that small data sets stay feasible."""
-    return min(_get_int(cfg, "min_size", 0), total // (2 * n))
+    """``min_size``, capped at half the fair share so that small data sets stay feasible
+    (said once when it is lowered)."""
+    asked = _get_int(cfg, "min_size", 0)
+    cap = total // (2 * n)
+    if asked > cap and (asked, cap) not in _said:
+        _said.add((asked, cap))
+        logging.getLogger(__name__).warning("note: partition.min_size %d lowered to %d: half the fair share of %d "
+                                            "samples over %d clients", asked, cap, total, n)
+    return min(asked, cap)
 
 
 # --------------------------------------------------------------------------- helpers

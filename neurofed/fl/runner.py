@@ -34,6 +34,7 @@ from neurofed.data.partition import label_counts, partition
 from neurofed.device import configure_cuda, describe_device, device_line, resolve_device
 from neurofed.fl import progress as fl_progress
 from neurofed.fl.params import ParamSpec
+from neurofed.fl.health import Health
 from neurofed.fl.privacy import SEEDED, Accountant
 from neurofed.fl.seeds import measured_on, rng_for, seed_for
 from neurofed.fl.train import evaluate
@@ -41,6 +42,7 @@ from neurofed.logs import close_run_log, open_run_log
 from neurofed.stamp import environment
 from neurofed.tracking import TensorBoardLog
 from neurofed.models import build_model, build_run_model
+from neurofed.models.init import initialize
 from neurofed.runfiles import (CHECKPOINT, LEGACY_CHECKPOINT, MODEL_BEST, MODEL_LAST, append_metrics, check_out_dir,
                                legacy_checkpoint_error, load_state, read_metrics, run_outputs_in, save_state)
 
@@ -127,6 +129,7 @@ class Experiment:
         self.algorithm = get_algorithm_class(cfg["algorithm"]["name"])
         torch.manual_seed(seed_for(cfg["seed"], "init"))
         self.eval_model = self.new_model()  # on the CPU: export and energy read it
+        self.init_report = initialize(self.eval_model, cfg, self.x_train)  # model.init: firing
         self._eval_models: dict[str, torch.nn.Module] = {}  # other global models' (model_for)
         self._device_models: dict[str, torch.nn.Module] = {}  # their twins on self.device
         self.spec = ParamSpec.from_model(self.eval_model)
@@ -441,6 +444,9 @@ def _run(cfg: dict, out: Path, resume: bool, progress: bool, after: bool,
     history: list[dict] = []
     best = None  # the model state of the best round so far (first of equals, as summarize)
     accountant = Accountant(cfg, exp.dataset.num_classes, exp.algorithm)
+    health = Health(cfg, exp.dataset.num_classes)
+    if state is None:
+        health.check_start(exp.eval_model, exp.x_train)
     if state is not None:
         try:
             start = exp.restore(state)
@@ -457,6 +463,7 @@ def _run(cfg: dict, out: Path, resume: bool, progress: bool, after: bool,
             _note(note)
         _atomic_write(metrics_path, "".join(json.dumps(h) + "\n" for h in history).encode())
         accountant.replay(history)
+        health.replay(history, exp.eval_model)
         # the model files may be a round ahead of (or behind) the checkpoint after a kill
         if best is not None:
             save_state(out / MODEL_BEST, best, "model")
@@ -477,6 +484,7 @@ def _run(cfg: dict, out: Path, resume: bool, progress: bool, after: bool,
     prior_time = sum(h.get("wall_time_s", 0.0) for h in history)
     for rnd in range(start + 1, rounds + 1):
         record = exp.run_round(rnd)
+        health.check_round(record, exp.eval_model)
         privacy = accountant.record(record["trained"])
         if privacy is not None:
             record["privacy"] = privacy
@@ -512,6 +520,9 @@ def _run(cfg: dict, out: Path, resume: bool, progress: bool, after: bool,
     summary["device"] = device
     summary["kernels"] = exp.kernels  # the fast-kernel variant this process (the server's) loaded
     summary["environment"] = environment()
+    summary["health"] = health.summary()
+    if exp.init_report is not None:
+        summary["init"] = {"mode": "firing", "rates": cfg["model"]["init_rates"], "layers": exp.init_report}
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2).encode())
     from neurofed.plots import plot_accuracy, write_class_coverage
 

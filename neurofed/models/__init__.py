@@ -5,11 +5,24 @@ from __future__ import annotations
 from dataclasses import replace
 
 from neurofed.config import Section, boolean, choice, number, register_section
+from neurofed.models.init import INIT_MODES
 from neurofed.models.spec import ZOO, Layer, register_topology, topology
 from neurofed.models import hifi_cnn as _hifi_cnn  # noqa: F401,E402  registers SFedHIFI's CNN (issue 7)
 from neurofed.models import paper_nets as _paper_nets  # noqa: F401,E402  SFedCA's nets, spiking ResNet-18
 
 MODEL_KINDS = ("snn", "ann")
+READOUTS = ("spikes", "voltage")
+POOLS = ("sum", "max", "avg")  # neurofed.models.snn.pool_neuron
+
+
+def rate_band(v):
+    """[lo, hi] firing rates (spikes per neuron per step) with 0 < lo <= hi <= 1."""
+    import math
+
+    ok = (isinstance(v, (list, tuple)) and len(v) == 2
+          and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+          and 0 < v[0] <= v[1] <= 1)
+    return None if ok else f"got {v!r}; allowed: [lo, hi] with 0 < lo <= hi <= 1 (spikes per neuron per step)"
 
 
 def model_names() -> list[str]:
@@ -48,6 +61,15 @@ MODEL_DEFAULTS: dict = {
     "quantize": True,  # 8-bit weights as on Loihi (SLAYER's quantize_8bit hook)
     "dropout": 0.0,
     "delay_shift": True,  # SLAYER's one-step delay per block (Lava's timing); false: the papers' T
+    # logits from the output layer's spikes (rate x logit_scale) or its non-spiking accumulated
+    # voltage (FedSNN Eq. 7; the FedLEC authors' S-VGG9): neurofed.models.snn.SpikingNet.readout
+    "readout": "spikes",
+    "pool": "sum",  # sum (SLAYER's) | max (exact spike max) | avg (IF rate average): snn.pool_neuron
+    # slayer: SLAYER's weights; firing: each layer rescaled on a training batch to fire within
+    # init_rates (neurofed.models.init, LSUV on firing rates)
+    "init": "slayer",
+    "init_rates": [0.02, 0.2],
+    "init_samples": 64,
     # factorized convolutions (hifi_cnn; SFedHIFI Eq. 4, output channels grouped): bank
     # elements and output channels per group, per width-1 output channel (the authors' values)
     "bank_fraction": 0.25,
@@ -68,6 +90,11 @@ register_section(Section("model", MODEL_DEFAULTS, lambda: {
     "model.quantize": boolean,
     "model.dropout": number(0, 1),
     "model.delay_shift": boolean,
+    "model.readout": choice(READOUTS),
+    "model.pool": choice(POOLS),
+    "model.init": choice(INIT_MODES),
+    "model.init_rates": rate_band,
+    "model.init_samples": number(1, integer=True),
     "model.bank_fraction": number(0, 1, lo_open=True),
     "model.group_fraction": number(0, 1, lo_open=True),
 }))

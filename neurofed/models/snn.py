@@ -51,10 +51,40 @@ def _conv_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
     )
 
 
-def _pool_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
-    # Pool weights are fixed by SLAYER; only the hook matters for export fidelity.
+# One step of SLAYER's 8-bit weight grid (quantize_8bit: step 2 / 64), in weight units.
+WEIGHT_STEP = 2 / 64
+POOLS = ("sum", "max", "avg")
+
+
+def pool_neuron(params: dict, kind: str, kernel: int) -> tuple[dict, float]:
+    """(neuron params, weight) of a pool layer of ``kind`` (``model.pool``).
+
+    - ``sum``: SLAYER's pool: weight 1 into a neuron of the network's own dynamics, which
+      fires only once the window's spikes carry its voltage past threshold (one spike of a
+      2x2 window does not pass at threshold >= 1).
+    - ``max``: max pooling of binary spikes, exactly: a spike anywhere in the window fires
+      the pool neuron at that step (weight one grid step, threshold half of it, no current
+      or voltage memory). FedLEC's and SFedHIFI's max pools.
+    - ``avg``: average pooling as a spike rate: an integrate-and-fire pool neuron without
+      leak fires once per k*k input spikes of its window (weight one grid step, threshold
+      k*k - 1/2 steps, reset to 0). FedSNN's average pool; the rate form of Rueckauer et al.
+      2017 (Front. Neurosci. 11:682) for average pools in spiking networks.
+    Both of the latter are ordinary SLAYER pool blocks (netx ``pool`` entries with their
+    own neuron), so they export to Lava like ``sum``.
+    """
+    if kind == "sum":
+        return params, 1.0
+    k2 = kernel * kernel
+    own = {**params, "current_decay": 1.0, "voltage_decay": 1.0 if kind == "max" else 0.0,
+           "threshold": WEIGHT_STEP / 2 if kind == "max" else WEIGHT_STEP * (k2 - 0.5)}
+    return own, WEIGHT_STEP
+
+
+def _pool_block(layer: Layer, params: dict, syn: dict, pool: str = "sum") -> nn.Module:
+    # Pool weights are fixed (not trained); the hook keeps them on the 8-bit grid for export.
+    params, weight = pool_neuron(params, pool, layer.kernel)
     return slayer.block.cuba.Pool(params, layer.kernel, stride=layer.stride, pre_hook_fx=syn["pre_hook_fx"],
-                                  delay_shift=syn["delay_shift"])
+                                  weight_scale=weight, delay_shift=syn["delay_shift"])
 
 
 def _flatten_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
@@ -63,6 +93,18 @@ def _flatten_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
 
 def _dense_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
     return slayer.block.cuba.Dense(params, layer.in_shape[0], layer.out, **syn)
+
+
+# The non-spiking output layer of ``model.readout: voltage``: no current decay and no leak,
+# so its voltage at step t is the sum of its synaptic input up to t (FedSNN Eq. 6-7 with
+# lambda = 1: "accumulated without the leak factor"); it never spikes or resets. netx
+# exports SLAYER's Affine block as a dense layer of this same non-leaky integrator.
+VOLTAGE_NEURON = {"current_decay": 1.0, "voltage_decay": 0.0}
+
+
+def _voltage_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
+    syn = {k: v for k, v in syn.items() if k != "delay_shift"}  # Affine has no delay
+    return slayer.block.cuba.Affine({**params, **VOLTAGE_NEURON}, layer.in_shape[0], layer.out, **syn)
 
 
 # Keyed by Layer.kind, or by Layer.options["block"] when a layer names its builder. The
@@ -94,34 +136,68 @@ class SpikingNet(nn.Module):
         self.layers = layers
         self.logit_scale = float(logit_scale)
         self.model_cfg = dict(model_cfg)  # to rebuild a fresh copy (export: never deepcopy SLAYER blocks)
+        self.readout_kind = model_cfg.get("readout", "spikes")
+        if self.readout_kind == "voltage" and layers[-1].kind != "dense":
+            raise ValueError(f"model.readout: voltage needs a dense output layer; {model_cfg.get('name')!r} "
+                             f"ends in a {layers[-1].kind} layer")
         params = neuron_params(model_cfg)
         syn = _synapse_kwargs(model_cfg)
-        self.blocks = nn.ModuleList(SNN_BLOCKS[_builder(layer)](layer, dict(params), syn) for layer in layers)
+        pool = model_cfg.get("pool", "sum")
+        blocks = []
+        for i, layer in enumerate(layers):
+            if i == len(layers) - 1 and self.readout_kind == "voltage":
+                blocks.append(_voltage_block(layer, dict(params), syn))
+            elif _builder(layer) == "pool":
+                blocks.append(_pool_block(layer, dict(params), syn, pool))
+            else:
+                blocks.append(SNN_BLOCKS[_builder(layer)](layer, dict(params), syn))
+        self.blocks = nn.ModuleList(blocks)
         dropout = model_cfg.get("dropout", 0.0)
         self.dropout = nn.Dropout(dropout) if dropout else None
         self.record = False
         self.layer_spikes: list[torch.Tensor] = []
+        self._skip = None  # a residual block's input (neurofed.models.residual)
+
+    def is_voltage_layer(self, index: int) -> bool:
+        """Whether layer ``index`` is the non-spiking voltage readout (``model.readout: voltage``)."""
+        return self.readout_kind == "voltage" and index == len(self.layers) - 1
+
+    def run_block(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Block ``index`` on ``x`` (a residual block's skip input is kept between calls)."""
+        role = self.layers[index].options.get("residual")
+        if role == "open":
+            self._skip = x
+        return self.blocks[index](x, self._skip) if role == "close" else self.blocks[index](x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.layer_spikes = []
-        skip = None  # a residual block's input (neurofed.models.residual)
-        for layer, block in zip(self.layers, self.blocks):
-            role = layer.options.get("residual")
-            if role == "open":
-                skip = x
-            x = block(x, skip) if role == "close" else block(x)
+        last = len(self.blocks) - 1
+        for i, layer in enumerate(self.layers):
+            x = self.run_block(i, x)
             if self.record and layer.has_neurons:
-                self.layer_spikes.append(x.detach().flatten(1).sum(1))
-            if self.dropout is not None and self.training and layer.kind != "flatten" and block is not self.blocks[-1]:
+                # a voltage readout emits no spikes: it counts 0, so the layer list stays the same
+                spikes = torch.zeros(len(x), device=x.device) if self.is_voltage_layer(i) else x.detach().flatten(1).sum(1)
+                self.layer_spikes.append(spikes)
+            if self.dropout is not None and self.training and layer.kind != "flatten" and i != last:
                 x = self.dropout(x)
+        self._skip = None
         return x
 
     def readout(self, output: torch.Tensor) -> torch.Tensor:
-        """Logits: output spike rate over time, scaled."""
+        """Logits. ``spikes``: the output spike rate over time, scaled (SFedCA Eq. 8 with
+        logit_scale = T: the spike count). ``voltage``: the output layer's accumulated
+        voltage at the last step over T, scaled (logit_scale = 1: the FedLEC authors'
+        non-spiking layer averaged over T; logit_scale = T: FedSNN Eq. 7's U_L^T)."""
+        if self.readout_kind == "voltage":
+            return output[..., -1] / output.shape[-1] * self.logit_scale
         return output.mean(-1) * self.logit_scale
 
     def readout_per_step(self, output: torch.Tensor) -> torch.Tensor:
-        """Per-time-step logits (N, K, T), for time-step-wise losses such as TET."""
+        """Per-time-step logits (N, K, T), for time-step-wise losses such as TET (voltage:
+        the running mean of the synaptic input up to each step)."""
+        if self.readout_kind == "voltage":
+            steps = torch.arange(1, output.shape[-1] + 1, device=output.device, dtype=output.dtype)
+            return output / steps * self.logit_scale
         return output * self.logit_scale
 
     @property

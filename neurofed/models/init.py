@@ -1,0 +1,148 @@
+"""Data-driven initialization: every spiking layer fires from the first step.
+
+SLAYER's default initialization leaves deep networks silent on many inputs: each layer's
+weights are drawn for unit-variance activations, but a spiking layer passes on only what
+crosses its threshold, so the rate falls layer by layer, and SLAYER's surrogate gradient
+(exponential in the distance to threshold) vanishes far below it. A silent output layer
+gives equal logits and a loss of ln(K) that never moves.
+
+``model.init: firing`` rescales each layer's weights, in order from the input, on one
+batch of training samples encoded as in training, so that its firing rate (spikes per
+neuron per step, over the batch) lies in ``model.init_rates`` = [lo, hi]: the gain is
+found by bisection in log space (rates rise with the gain) and aims at the band's
+geometric middle. This is layer-sequential calibration on data as LSUV does for ANNs
+(Mishkin & Matas, "All you need is a good init", ICLR 2016: scale layer by layer until
+the output statistics on a batch hit a target) applied to firing rates, the quantity
+that the data-based weight normalization of converted SNNs balances (Diehl et al.,
+"Fast-classifying, high-accuracy spiking deep networks through weight and threshold
+balancing", IJCNN 2015; Rueckauer et al., Front. Neurosci. 11:682, 2017).
+
+What changes: one positive factor per layer on its trainable synaptic weights (the
+per-width factor ``mix`` of a factorized convolution, ``weight_g`` under weight norm).
+The architecture, thresholds, decays and pools are the paper's; the weights stay the
+synapse's weights, so 8-bit training and netx export are unchanged (the factor is
+applied before SLAYER's 8-bit quantization hook, which keeps every weight on the 8-bit
+grid). Fixed-weight layers (pools) are not scaled: a trainable layer followed by pools is
+calibrated on the rate of the last of those pools, so that spikes pass through them.
+A layer that reads out its voltage (``model.readout: voltage``) has no rate: it keeps
+SLAYER's initialization.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+INIT_MODES = ("slayer", "firing")
+GAIN_RANGE = (2.0 ** -6, 2.0 ** 10)  # the bisection's bounds on one layer's factor
+STEPS = 14  # bisection steps at most; it stops as soon as the rate is in the band
+
+
+def _scaled_parameters(block) -> list[torch.nn.Parameter]:
+    """The trainable parameters whose common factor is the layer's gain."""
+    params = []
+    for module in block.modules():
+        for name in ("mix", "weight_g", "weight"):  # the first a synapse has
+            p = getattr(module, "_parameters", {}).get(name)
+            if p is not None:
+                if p.requires_grad:
+                    params.append(p)
+                break
+    return params
+
+
+def _rate(spikes: torch.Tensor) -> float:
+    return float(spikes.float().mean())
+
+
+@torch.no_grad()
+def calibrate_firing(model, x: torch.Tensor, rates: tuple[float, float]) -> list[dict]:
+    """Scale ``model``'s layers in place so each fires within ``rates`` on input ``x``
+    ((N, C, H, W, T), encoded). Returns one record per spiking layer: index, rate before
+    and after, gain applied (1.0 when none was needed or possible)."""
+    lo, hi = rates
+    target = math.sqrt(lo * hi)
+    layers, blocks = model.layers, model.blocks
+    was_training = model.training
+    model.eval()
+    record = []
+    try:
+        # inputs of each layer under the layers calibrated so far
+        h = x
+        i = 0
+        while i < len(blocks):
+            layer = layers[i]
+            group = [i]  # this layer and the fixed-weight pools right after it
+            while group[-1] + 1 < len(blocks) and layers[group[-1] + 1].kind == "pool" and layer.kind != "pool":
+                group.append(group[-1] + 1)
+            if layer.options.get("residual") or model.is_voltage_layer(i):
+                h = _run(model, group, h)  # residual joins need the skip path: left as built
+                record += [{"layer": j, "kind": layers[j].kind, "gain": 1.0} for j in group if layers[j].has_neurons]
+                i = group[-1] + 1
+                continue
+            params = _scaled_parameters(blocks[i]) if layer.kind != "pool" else []
+            before = _rate(_run(model, group, h)) if layer.has_neurons else None
+            gain = 1.0
+            if params and before is not None and not (lo <= before <= hi):
+                base = [p.detach().clone() for p in params]
+
+                def rate_at(g: float) -> float:
+                    for p, b in zip(params, base):
+                        p.copy_(b * g)
+                    return _rate(_run(model, group, h))
+
+                a, b = math.log(GAIN_RANGE[0]), math.log(GAIN_RANGE[1])
+                best = (abs(math.log(max(before, 1e-9) / target)), 0.0)
+                for _ in range(STEPS):
+                    mid = (a + b) / 2
+                    r = rate_at(math.exp(mid))
+                    best = min(best, (abs(math.log(max(r, 1e-9) / target)), mid))
+                    if lo <= r <= hi:  # in the band: done (the middle is only the aim)
+                        best = (0.0, mid)
+                        break
+                    if r < target:
+                        a = mid
+                    else:
+                        b = mid
+                gain = math.exp(best[1])
+                rate_at(gain)
+            out = h
+            for j in group:
+                out = _run(model, [j], out)
+                if layers[j].has_neurons:
+                    record.append({"layer": j, "kind": layers[j].kind, "gain": gain if j == i else 1.0,
+                                   "rate_before": before if j == group[-1] else None,
+                                   "rate_after": _rate(out)})
+            h = out
+            i = group[-1] + 1
+    finally:
+        model.train(was_training)
+    return record
+
+
+def _run(model, indices: list[int], h: torch.Tensor) -> torch.Tensor:
+    for j in indices:
+        h = model.run_block(j, h)
+    return h
+
+
+def calibration_batch(model, cfg: dict, x_train: torch.Tensor) -> torch.Tensor:
+    """``model.init_samples`` training samples, drawn and encoded from the run's seed (the
+    same batch in process and on a Flower ServerApp, which loads the same data)."""
+    from neurofed.data.encoding import encode_for
+    from neurofed.fl.seeds import seed_for
+
+    gen = torch.Generator().manual_seed(seed_for(cfg["seed"], "init_batch"))
+    n = min(int(cfg["model"].get("init_samples", 64)), len(x_train))
+    idx = torch.randperm(len(x_train), generator=gen)[:n]
+    return encode_for(model, x_train[idx], cfg["data"], gen)
+
+
+def initialize(model, cfg: dict, x_train: torch.Tensor) -> list[dict] | None:
+    """Apply ``model.init`` to a freshly built model; the calibration record, or None
+    (SLAYER's initialization, or an ANN twin)."""
+    if cfg["model"].get("init", "slayer") != "firing" or getattr(model, "kind", "snn") != "snn":
+        return None
+    lo, hi = cfg["model"].get("init_rates", (0.02, 0.2))
+    return calibrate_firing(model, calibration_batch(model, cfg, x_train), (float(lo), float(hi)))
