@@ -28,12 +28,13 @@ SIMS = sorted(SIMULATORS)
 
 
 def tiny_model(name: str, **cfg) -> SpikingNet:
-    """A zoo model on 1x8x8 input (narrow for the big ones), a low threshold so that
-    random weights make every layer spike."""
+    """A zoo model on 1x8x8 input (16x16 for the nets whose valid convolutions need it;
+    narrow for the big ones), a low threshold so that random weights make every layer spike."""
     torch.manual_seed(0)
     width = 0.25 if name in ("vgg5", "svgg9", "hifi_cnn", "hifi_cnn_small") else 1.0
     model_cfg = {**DEFAULTS["model"], "name": name, "width": width, "threshold": 0.5, **cfg}
-    return build_model(model_cfg, (1, 8, 8), 10, logit_scale=10.0).eval()
+    side = 16 if name == "sfedca_mnist" else 8  # two 5x5 valid convolutions and a pool
+    return build_model(model_cfg, (1, side, side), 10, logit_scale=10.0).eval()
 
 
 def random_spikes(n: int, shape=(1, 8, 8), timesteps=12, seed=1) -> np.ndarray:

@@ -141,8 +141,6 @@ def test_paper_sweeps_points_validate(stem):
 
 
 @pytest.mark.parametrize("stem", NEEDS_ALGORITHM_SWITCH)
-@pytest.mark.xfail(strict=True, reason="issue 32 item 8: algorithm.name=hetero_* on a SFedHIFI preset refuses "
-                                       "fusion_until; remove this mark when that rule is merged")
 def test_paper_sweeps_switching_algorithm_validate(stem):
     from neurofed.sweep import load_sweep, point_configs
 

@@ -432,6 +432,16 @@ class HeteroServer(Server):
                 raise ValueError(f"filter bank {bad[0]} has a different shape at width {p}; banks must be "
                                  f"width-independent")
             init[p] = self.with_arrays(p, init[p], {n: spec.unpack(init[self.ref])[n] for n in self.banks})
+        if cfg["model"].get("init") == "firing":  # every width fires from the first step (neurofed.models.init)
+            from neurofed.data.encoding import as_tensor
+            from neurofed.models.init import initialize
+
+            for p in self.widths:
+                if p != self.ref:  # the runner calibrated the reference width's model
+                    model = self.width_model(p)
+                    self.specs[p].set(model, init[p])
+                    initialize(model, cfg, as_tensor(self.dataset.x_train))
+                    init[p] = self.specs[p].get(model)
         self.servers = {p: self.inner(cfg, self.specs[p], init[p], num_clients) for p in self.widths}
         self.assigned = self.assign_clients() if a["assign"] == "fixed" else None
 

@@ -188,6 +188,12 @@ def structure_problems(model) -> list[str]:
     refused: dict[str, list[str]] = {}  # one line per reason, naming every layer it applies to
     for i, (layer, block) in enumerate(zip(model.layers, model.blocks)):
         where = f"layer {i} ({layer.kind})"
+        if getattr(model, "is_voltage_layer", lambda _: False)(i):
+            problems.append(f"{where}: model.readout is voltage: the output layer is a non-spiking integrator whose "
+                            f"voltage is the logit, and neurofed's Lava run reads each layer's spike counters, not "
+                            f"a neuron's voltage at each sample's last step; train with model.readout: spikes to "
+                            f"run on Lava")
+            continue
         refusal = getattr(block, "export_refusal", None)  # e.g. a residual join
         if refusal:
             refused.setdefault(refusal, []).append(str(i))

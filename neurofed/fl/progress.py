@@ -20,5 +20,6 @@ def bar(total: int, desc: str, level: int, unit: str = "it"):
     """A tqdm bar at nesting ``level`` (1: clients, 2: batches); a no-op bar when off."""
     from tqdm.auto import tqdm
 
+    # the clients' bar draws every update (a few per round), so its last count is seen
     return tqdm(total=total, desc=desc, unit=unit, position=level, leave=False, dynamic_ncols=True,
-                disable=not _shown)
+                disable=not _shown, mininterval=0 if level == 1 else 0.1)

@@ -38,7 +38,7 @@ from neurofed.fl.health import Health
 from neurofed.fl.privacy import SEEDED, Accountant
 from neurofed.fl.seeds import measured_on, rng_for, seed_for
 from neurofed.fl.train import evaluate
-from neurofed.logs import close_run_log, open_run_log
+from neurofed.logs import RUN_LOG, close_run_log, open_run_log
 from neurofed.stamp import environment
 from neurofed.tracking import TensorBoardLog
 from neurofed.models import build_model, build_run_model
@@ -401,7 +401,8 @@ def _remove_failed_start(out: Path, created: bool, before: set[str]) -> None:
     if created:
         shutil.rmtree(out, ignore_errors=True)
         return
-    for name in set(run_outputs_in(out)) - before:
+    close_run_log()  # its file goes too when this start made it
+    for name in (set(run_outputs_in(out)) | {RUN_LOG}) - before:
         path = out / name
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
@@ -414,7 +415,7 @@ def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True,
     clients live on SuperNodes); the run directory is the same either way. A start that
     fails before its first checkpoint leaves ``out`` as it found it."""
     out = Path(out)
-    created, before = not out.exists(), set(run_outputs_in(out))
+    created, before = not out.exists(), set(run_outputs_in(out)) | ({RUN_LOG} if (out / RUN_LOG).exists() else set())
     try:
         return _run(cfg, out, resume, progress, after, experiment)
     except BaseException:

@@ -79,7 +79,8 @@ def _resnet18(p: float, k: int, factorized: bool = False) -> list[Layer]:
                                       skip_channels=channels, skip_stride=s))
             channels = out
         full_prev = full
-    return layers + [Layer("pool", kernel=0), Layer("flatten"), Layer("dense", k)]  # kernel 0: global pool
+    return layers + [Layer("pool", kernel=0, options={"global_pool": True}), Layer("flatten"),  # kernel 0: global pool
+                   Layer("dense", k)]
 
 
 register_topology("sfedca_mnist", _sfedca_mnist)

@@ -147,8 +147,9 @@ class SpikingNet(nn.Module):
         for i, layer in enumerate(layers):
             if i == len(layers) - 1 and self.readout_kind == "voltage":
                 blocks.append(_voltage_block(layer, dict(params), syn))
-            elif _builder(layer) == "pool":
-                blocks.append(_pool_block(layer, dict(params), syn, pool))
+            elif _builder(layer) == "pool":  # a global pool averages (AdaptiveAvgPool2d) whatever the others do
+                kind = "avg" if layer.options.get("global_pool") and pool == "max" else pool
+                blocks.append(_pool_block(layer, dict(params), syn, kind))
             else:
                 blocks.append(SNN_BLOCKS[_builder(layer)](layer, dict(params), syn))
         self.blocks = nn.ModuleList(blocks)

@@ -376,6 +376,21 @@ def with_overrides(sweep: Sweep, overrides) -> Sweep:
     return sweep
 
 
+def _applicable(data: dict) -> dict:
+    """A point's settings less the algorithm keys its own algorithm does not read: a zip
+    column such as SFedHIFI's ``fusion_until`` applies to the points that run SFedHIFI,
+    while the grid's baseline algorithms of the same column run without it."""
+    algo = data.get("algorithm")
+    if not isinstance(algo, dict) or "name" not in algo:
+        return data
+    from neurofed.config import sections
+
+    known = sections()["algorithm"].keys_for(algo)
+    if known is None:
+        return data
+    return {**data, "algorithm": {k: v for k, v in algo.items() if k == "name" or k in known}}
+
+
 def point_configs(sweep: Sweep) -> dict[str, dict]:
     """Validate and return every run's config (run id -> config); all problems in one error."""
     base = Path(sweep.base)
@@ -384,7 +399,7 @@ def point_configs(sweep: Sweep) -> dict[str, dict]:
     for point in sweep.points:
         for seed in sweep.seeds:
             try:
-                configs[point.run_id(seed)] = load_config(base, data=sweep.config_data(point, seed))
+                configs[point.run_id(seed)] = load_config(base, data=_applicable(sweep.config_data(point, seed)))
             except ConfigError as exc:
                 for line in str(exc).splitlines():
                     problems.setdefault(line, []).append(point.id)
