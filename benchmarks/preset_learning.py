@@ -50,12 +50,13 @@ def overrides(cfg: dict, args) -> tuple[list[str], dict]:
         over.append(f"data.root={args.root}")
     else:
         over.append(f"data.name={standin_name(data['name'])}")
+    over += args.set or []
     if args.train:
         over.append(f"data.train_subset={args.train}")
     if args.test:
         over.append(f"data.test_subset={args.test}")
-    if "candidates" in algo:
-        over.append(f"algorithm.candidates={min(algo['candidates'] or clients, clients)}")
+    if "candidates" in algo:  # SFedCA trains every candidate each round
+        over.append(f"algorithm.candidates={min(algo['candidates'] or clients, clients, args.candidates)}")
     if model["name"] in WIDE and model.get("width", 1.0) > args.width:
         over.append(f"model.width={args.width}")
         reduced["width"] = f"{model.get('width', 1.0)} -> {args.width}"
@@ -125,28 +126,41 @@ def table(rows: list[dict], args) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", help="run the presets whose file name contains this")
+    ap.add_argument("--only", help="run the presets whose file name contains this (comma-separated: any of these)")
     ap.add_argument("--root", help="the real data files (data.root) instead of the stand-ins")
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--train", type=int, default=None, help="data.train_subset")
     ap.add_argument("--test", type=int, default=None, help="data.test_subset")
+    ap.add_argument("--candidates", type=int, default=4, help="SFedCA's candidates S, at most")
     ap.add_argument("--width", type=float, default=0.25, help="width of the wide nets")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per preset")
+    ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="a further override for every preset")
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--report", action="store_true", help="only rewrite README.md from results.jsonl")
     args = ap.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
-    presets = sorted(p for p in PRESETS.glob("*.yaml") if not args.only or args.only in p.stem)
+    out = Path(args.out)
+    if args.report:  # the table of every preset's latest recorded row, with the command of each
+        rows = {}
+        for line in (out / "results.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            rows[row["preset"]] = row
+        (out / "README.md").write_text(table(sorted(rows.values(), key=lambda r: r["preset"]), args))
+        print(f"{len(rows)} presets -> {out / 'README.md'}")
+        return 0
+    only = args.only.split(",") if args.only else None
+    presets = sorted(p for p in PRESETS.glob("*.yaml") if not only or any(o in p.stem for o in only))
     if not presets:
         print(f"preset_learning: --only {args.only!r} matches no preset in {PRESETS}", file=sys.stderr)
         return 2
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="neurofed-presets-") as tmp:
         for i, preset in enumerate(presets, 1):
-            row = run_one(preset, args, Path(tmp))
+            row = {**run_one(preset, args, Path(tmp)), "command": "python benchmarks/preset_learning.py "
+                   + " ".join(args.argv)}
             rows.append(row)
             acc = " ".join(f"{a:.2f}" for a in row.get("accuracy", [])) or row.get("error")
             print(f"[{i}/{len(presets)}] {preset.stem}: {acc} (chance {row.get('chance', 0):.2f}) "
@@ -154,7 +168,7 @@ def main(argv=None) -> int:
             with (out / "results.jsonl").open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
     text = table(rows, args)
-    if args.only:  # a part of the table never replaces the whole one
+    if args.only or args.set:  # a part of the table, or another setting, never replaces the whole one
         print(text)
     else:
         (out / "README.md").write_text(text)

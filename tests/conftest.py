@@ -39,6 +39,16 @@ def tiny_cfg():
     return make
 
 
+@pytest.fixture
+def run_dir(finished, tmp_path):
+    """A copy of the module's ``finished`` run (its own fixture), for a test to change."""
+    import shutil
+
+    out = tmp_path / "r"
+    shutil.copytree(finished, out)
+    return out
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` are skipped where torch sees no CUDA GPU."""
     import torch

@@ -127,13 +127,6 @@ def finished(tmp_path_factory):
     return out
 
 
-@pytest.fixture
-def run_dir(finished, tmp_path):
-    out = tmp_path / "r"
-    shutil.copytree(finished, out)
-    return out
-
-
 def run_argv(run_dir, *extra):
     return ["run", run_dir / "config.yaml", "--out", run_dir, "--quiet", *extra]
 

@@ -39,13 +39,6 @@ def finished(tmp_path_factory):
     return out
 
 
-@pytest.fixture
-def run_dir(finished, tmp_path):
-    out = tmp_path / "r"
-    shutil.copytree(finished, out)
-    return out
-
-
 def cli(capsys, *argv):
     code = main([str(a) for a in argv])
     err = capsys.readouterr().err.strip().splitlines()

@@ -98,14 +98,15 @@ def _place(glyphs: np.ndarray, canvas: int, rng: np.random.Generator, jitter: in
 
 def _colour(masks: np.ndarray, rng: np.random.Generator, noise: float = 0.08) -> np.ndarray:
     """Grey masks (N, H, W) in [0, 1] -> RGB (N, 3, H, W) uint8: a random foreground and
-    background colour per image, at least 0.3 apart (mean over channels), plus noise."""
+    background colour per image, the foreground the brighter by at least 0.3 (mean over
+    channels, so the shape shows in every encoding's intensity), plus pixel noise."""
     n = len(masks)
-    fg = rng.random((n, 3))
-    bg = rng.random((n, 3))
-    close = np.abs(fg - bg).mean(1) < 0.3
-    while close.any():
-        bg[close] = rng.random((int(close.sum()), 3))
-        close = np.abs(fg - bg).mean(1) < 0.3
+    fg, bg = rng.random((n, 3)), rng.random((n, 3))
+    dim = fg.mean(1) < bg.mean(1) + 0.3
+    while dim.any():
+        k = int(dim.sum())
+        fg[dim], bg[dim] = rng.random((k, 3)), rng.random((k, 3))
+        dim = fg.mean(1) < bg.mean(1) + 0.3
     m = masks[:, None]
     img = bg[:, :, None, None] * (1 - m) + fg[:, :, None, None] * m
     img = img + rng.normal(0, noise, img.shape)
