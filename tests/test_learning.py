@@ -4,7 +4,6 @@ the voltage readout, the papers' pools, and the run's health checks."""
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path

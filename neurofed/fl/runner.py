@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
 import traceback
 from dataclasses import dataclass
