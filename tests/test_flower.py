@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import threading
@@ -904,7 +905,14 @@ def test_the_app_bundle_holds_every_preset_and_its_neurofed_loads_the_installed_
 
     from neurofed.kernels import variants
 
-    res = subprocess.run([str(BIN / "flwr"), "build", "--app", str(REPO)], cwd=tmp_path, env=env_for(),
+    # flwr takes the app's name from its folder's (letters, digits, hyphens): the checkout's
+    # folder may be named otherwise (a CI clone), so the app's files are copied under a valid name
+    app = tmp_path / "neurofed-app"
+    app.mkdir()
+    for item in ("pyproject.toml", "README.md", "neurofed", "examples", "hw_profiles"):
+        copy = shutil.copytree if (REPO / item).is_dir() else shutil.copy
+        copy(REPO / item, app / item)
+    res = subprocess.run([str(BIN / "flwr"), "build", "--app", str(app)], cwd=tmp_path, env=env_for(),
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     (fab,) = tmp_path.glob("*.fab")
