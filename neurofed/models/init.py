@@ -23,7 +23,8 @@ The architecture, thresholds, decays and pools are the paper's; the weights stay
 synapse's weights, so 8-bit training and netx export are unchanged (the factor is
 applied before SLAYER's 8-bit quantization hook, which keeps every weight on the 8-bit
 grid). Fixed-weight layers (pools) are not scaled: a trainable layer followed by pools is
-calibrated on the rate of the last of those pools, so that spikes pass through them.
+calibrated on the rate of the last of those pools, so that spikes pass through them. A
+residual join scales its main and shortcut synapses by the same factor.
 A layer that reads out its voltage (``model.readout: voltage``) has no rate: it keeps
 SLAYER's initialization.
 """
@@ -56,65 +57,53 @@ def _rate(spikes: torch.Tensor) -> float:
     return float(spikes.float().mean())
 
 
+def _bisect_gain(rate_at, lo: float, hi: float) -> float:
+    """The gain (log-bisection in GAIN_RANGE) whose rate lies in [lo, hi], else the one
+    closest to the band's geometric middle; ``rate_at(gain)`` sets it and measures."""
+    target = math.sqrt(lo * hi)
+    a, b = math.log(GAIN_RANGE[0]), math.log(GAIN_RANGE[1])
+    best = (math.inf, 0.0)
+    for _ in range(STEPS):
+        mid = (a + b) / 2
+        r = rate_at(math.exp(mid))
+        if lo <= r <= hi:  # in the band: done (the middle is only the aim)
+            return math.exp(mid)
+        best = min(best, (abs(math.log(max(r, 1e-9) / target)), mid))
+        a, b = (mid, b) if r < target else (a, mid)
+    return math.exp(best[1])
+
+
 @torch.no_grad()
 def calibrate_firing(model, x: torch.Tensor, rates: tuple[float, float]) -> list[dict]:
     """Scale ``model``'s layers in place so each fires within ``rates`` on input ``x``
-    ((N, C, H, W, T), encoded). Returns one record per spiking layer: index, rate before
-    and after, gain applied (1.0 when none was needed or possible)."""
+    ((N, C, H, W, T), encoded). Returns one record per trainable layer: its index, the
+    layer its rate was measured at (itself, or the last of the pools after it), that rate
+    before and after, and the gain applied (1.0 when none was needed)."""
     lo, hi = rates
-    target = math.sqrt(lo * hi)
-    layers, blocks = model.layers, model.blocks
+    layers = model.layers
     was_training = model.training
     model.eval()
     record = []
     try:
-        # inputs of each layer under the layers calibrated so far
-        h = x
-        i = 0
-        while i < len(blocks):
-            layer = layers[i]
-            group = [i]  # this layer and the fixed-weight pools right after it
-            while group[-1] + 1 < len(blocks) and layers[group[-1] + 1].kind == "pool" and layer.kind != "pool":
+        h, i = x, 0  # the input of layer i under the layers calibrated so far
+        while i < len(layers):
+            group = [i]  # a trainable layer and the fixed-weight pools right after it
+            while layers[i].kind != "pool" and group[-1] + 1 < len(layers) and layers[group[-1] + 1].kind == "pool":
                 group.append(group[-1] + 1)
-            if layer.options.get("residual") or model.is_voltage_layer(i):
-                h = _run(model, group, h)  # residual joins need the skip path: left as built
-                record += [{"layer": j, "kind": layers[j].kind, "gain": 1.0} for j in group if layers[j].has_neurons]
-                i = group[-1] + 1
-                continue
-            params = _scaled_parameters(blocks[i]) if layer.kind != "pool" else []
-            before = _rate(_run(model, group, h)) if layer.has_neurons else None
-            gain = 1.0
-            if params and before is not None and not (lo <= before <= hi):
+            params = [] if model.is_voltage_layer(i) else _scaled_parameters(model.blocks[i])
+            if params and layers[group[-1]].has_neurons:
                 base = [p.detach().clone() for p in params]
 
-                def rate_at(g: float) -> float:
+                def rate_at(gain: float) -> float:
                     for p, b in zip(params, base):
-                        p.copy_(b * g)
+                        p.copy_(b * gain)
                     return _rate(_run(model, group, h))
 
-                a, b = math.log(GAIN_RANGE[0]), math.log(GAIN_RANGE[1])
-                best = (abs(math.log(max(before, 1e-9) / target)), 0.0)
-                for _ in range(STEPS):
-                    mid = (a + b) / 2
-                    r = rate_at(math.exp(mid))
-                    best = min(best, (abs(math.log(max(r, 1e-9) / target)), mid))
-                    if lo <= r <= hi:  # in the band: done (the middle is only the aim)
-                        best = (0.0, mid)
-                        break
-                    if r < target:
-                        a = mid
-                    else:
-                        b = mid
-                gain = math.exp(best[1])
-                rate_at(gain)
-            out = h
-            for j in group:
-                out = _run(model, [j], out)
-                if layers[j].has_neurons:
-                    record.append({"layer": j, "kind": layers[j].kind, "gain": gain if j == i else 1.0,
-                                   "rate_before": before if j == group[-1] else None,
-                                   "rate_after": _rate(out)})
-            h = out
+                before = rate_at(1.0)
+                gain = 1.0 if lo <= before <= hi else _bisect_gain(rate_at, lo, hi)
+                record.append({"layer": i, "kind": layers[i].kind, "measured_at": group[-1], "gain": gain,
+                               "rate_before": before, "rate_after": rate_at(gain)})
+            h = _run(model, group, h)
             i = group[-1] + 1
     finally:
         model.train(was_training)
