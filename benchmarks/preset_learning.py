@@ -53,10 +53,14 @@ def overrides(cfg: dict, args) -> tuple[list[str], dict]:
     over += args.set or []
     if args.train:
         over.append(f"data.train_subset={args.train}")
+        reduced["train"] = f"{args.train} samples"
     if args.test:
         over.append(f"data.test_subset={args.test}")
+        reduced["test"] = f"{args.test} samples"
     if "candidates" in algo:  # SFedCA trains every candidate each round
-        over.append(f"algorithm.candidates={min(algo['candidates'] or clients, clients, args.candidates)}")
+        candidates = min(algo["candidates"] or clients, clients, args.candidates)
+        over.append(f"algorithm.candidates={candidates}")
+        reduced["candidates"] = f"{algo['candidates']} -> {candidates}"
     if model["name"] in WIDE and model.get("width", 1.0) > args.width:
         over.append(f"model.width={args.width}")
         reduced["width"] = f"{model.get('width', 1.0)} -> {args.width}"
@@ -97,25 +101,25 @@ def table(rows: list[dict], args) -> str:
     lines = [
         "# Do the paper presets learn? (reduced scale, stand-in data)",
         "",
-        f"`python benchmarks/preset_learning.py{' ' + ' '.join(args.argv) if args.argv else ''}` on {cpu}, "
-        f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}. Each preset's own model, T, encoding, neuron, "
-        f"optimizer, algorithm, readout, pools and init; reduced: at most {args.clients} clients, {args.rounds} "
-        f"rounds, {args.epochs} local epochs" + (f", {args.train} training / {args.test} test samples" if args.train else "")
-        + f", width {args.width} for the wide nets (S-VGG9, AlexNet, ResNet-18). Data: the STAND-INS made of the "
-        f"digits (`neurofed.data.standins`), not the papers' data: no figure here is a paper's number. "
-        f"'learns': best accuracy at least 2.5x chance and the last round above the first.",
+        f"`python benchmarks/preset_learning.py` on {cpu}, {os.cpu_count()} cores, table written "
+        f"{time.strftime('%Y-%m-%d')} (each row's own command is in `results.jsonl`). Each preset's own model, T, "
+        "encoding, neuron, optimizer, algorithm, readout, pools, surrogate and init; reduced as its row says "
+        "(clients, rounds, local epochs, samples, the width of the wide nets, SFedCA's candidates). Data: the "
+        "STAND-INS made of the digits (`neurofed.data.standins`), not the papers' data: no figure here is a "
+        "paper's number. 'learns': best accuracy at least 2.5x chance and the last round above the first.",
         "",
-        "| preset | data | model | optimizer | T | accuracy per round | chance | learns | last-round firing rates | health | s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| preset | data | model | optimizer | T | reduced | accuracy per round | chance | learns "
+        "| last-round firing rates | health | s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        reduced = ", ".join(f"{k} {v}" for k, v in r["reduced"].items())
         if "error" in r:
-            lines.append(f"| {r['preset']} | | {r['model']} | {r['optimizer']} | {r['T']} | error: {r['error'][:90]} "
-                         f"| | no | | | {r['wall_s']} |")
+            lines.append(f"| {r['preset']} | | {r['model']} | {r['optimizer']} | {r['T']} | {reduced} | "
+                         f"error: {r['error'][:90]} | | no | | | {r['wall_s']} |")
             continue
-        width = f" (w {r['reduced']['width'].split('-> ')[1]})" if "width" in r["reduced"] else ""
         rates = " ".join(f"{x:.3f}" for x in (r["rates"] or []))
-        lines.append(f"| {r['preset']} | {r['data']} | {r['model']}{width} | {r['optimizer']} | {r['T']} | "
+        lines.append(f"| {r['preset']} | {r['data']} | {r['model']} | {r['optimizer']} | {r['T']} | {reduced} | "
                      f"{' '.join(f'{a:.2f}' for a in r['accuracy'])} | {r['chance']:.2f} | "
                      f"{'yes' if r['learns'] else '**no**'} | {rates} | {'ok' if r['health'] else 'problems'} | "
                      f"{r['wall_s']} |")

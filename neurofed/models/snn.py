@@ -53,15 +53,14 @@ def _conv_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
 
 # One step of SLAYER's 8-bit weight grid (quantize_8bit: step 2 / 64), in weight units.
 WEIGHT_STEP = 2 / 64
-POOLS = ("sum", "max", "avg")
 
 
 def pool_neuron(params: dict, kind: str, kernel: int) -> tuple[dict, float]:
     """(neuron params, weight) of a pool layer of ``kind`` (``model.pool``).
 
     - ``sum``: SLAYER's pool: weight 1 into a neuron of the network's own dynamics, which
-      fires only once the window's spikes carry its voltage past threshold (one spike of a
-      2x2 window does not pass at threshold >= 1).
+      fires only once the window's spikes carry its voltage past threshold (at threshold
+      >= 1, one spike of a window does not pass at once).
     - ``max``: max pooling of binary spikes, exactly: a spike anywhere in the window fires
       the pool neuron at that step (weight one grid step, threshold half of it, no current
       or voltage memory). FedLEC's and SFedHIFI's max pools.
@@ -97,8 +96,7 @@ def _dense_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
 
 # The non-spiking output layer of ``model.readout: voltage``: no current decay and no leak,
 # so its voltage at step t is the sum of its synaptic input up to t (FedSNN Eq. 6-7 with
-# lambda = 1: "accumulated without the leak factor"); it never spikes or resets. netx
-# exports SLAYER's Affine block as a dense layer of this same non-leaky integrator.
+# lambda = 1: "accumulated without the leak factor"); it never spikes or resets.
 VOLTAGE_NEURON = {"current_decay": 1.0, "voltage_decay": 0.0}
 
 
