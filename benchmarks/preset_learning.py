@@ -86,9 +86,9 @@ def run_one(preset: Path, args, tmp: Path) -> dict:
     try:
         summary = json.loads((out / "summary.json").read_text())
         history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        classes = len(json.loads((out / "partition.json").read_text())["label_counts"][0])  # clients x classes
     except (OSError, ValueError):
         return {**row, "error": (res.stderr.strip().splitlines() or ["no output"])[-1]}
-    classes = summary.get("num_classes") or (100 if cfg["data"]["name"] == "cifar100" else 10)
     accs = [h["accuracy"] for h in history]
     return {**row, "data": summary["dataset"], "chance": 1 / classes, "accuracy": [round(a, 4) for a in accs],
             "final": accs[-1], "best": max(accs), "rates": history[-1].get("layer_firing_rates"),

@@ -262,7 +262,8 @@ def boolean(v):
     return None if isinstance(v, bool) else "expected true or false"
 
 
-def _auto_or_boolean(v):
+def auto_or_boolean(v):
+    """A switch that may also be left to neurofed (``auto``)."""
     return None if v == "auto" or isinstance(v, bool) else "allowed: auto, true, false"
 
 
@@ -289,10 +290,6 @@ def check_device(value) -> str | None:
     return DEVICE_HELP
 
 
-def check_auto_bool(value) -> str | None:
-    return None if value == "auto" or isinstance(value, bool) else "allowed: auto, true, false"
-
-
 def _core_checks() -> dict[str, Check]:
     return {
         "seed": number(0, integer=True),
@@ -316,11 +313,11 @@ def _core_checks() -> dict[str, Check]:
         "federation.target_accuracy": number(0, 1, nullable=True),
         "federation.logit_scale": number(0, lo_open=True),
         "federation.threads": number(1, integer=True, nullable=True),
-        "federation.fast_kernels": _auto_or_boolean,
+        "federation.fast_kernels": auto_or_boolean,
         "federation.fast_gradients": boolean,
         "federation.device": check_device,
-        "federation.tf32": check_auto_bool,
-        "federation.gpu_kernels": check_auto_bool,
+        "federation.tf32": auto_or_boolean,
+        "federation.gpu_kernels": auto_or_boolean,
         "export": boolean,
         "lava.samples": number(0, integer=True),
         "lava.backend": choice(("fixed_pt", "loihi2")),

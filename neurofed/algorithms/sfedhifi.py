@@ -642,15 +642,14 @@ class SFedHIFIServer(HeteroServer):
     def layer_rates(self, width: float) -> np.ndarray:
         """r_L (Eq. 7) of each factorized layer of ``width``'s global model: spikes per
         neuron and time step over the rate batch (same encoding draw for every width)."""
-        from neurofed.fl.train import forward_dataset
+        from neurofed.fl.train import forward_dataset, layer_firing_rates
 
         model = self.width_model(width)
         self.specs[width].set(model, self.servers[width].params)
         data_cfg = self.cfg["data"]
         _, spikes = forward_dataset(model, self.rate_batch(), data_cfg, seed_for(self.cfg["seed"], "hifi_rates"))
         spiking = [i for i, layer in enumerate(model.layers) if layer.has_neurons]
-        neurons = np.asarray(model.neurons_per_layer, dtype=np.float64)
-        per_layer = spikes.double().mean(0).numpy() / (neurons * data_cfg["timesteps"])
+        per_layer = layer_firing_rates(model, spikes, data_cfg["timesteps"]).numpy()
         out = []
         for i, layer in enumerate(model.layers):
             if layer.options.get("block") != "factorized_conv":

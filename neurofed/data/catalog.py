@@ -21,17 +21,23 @@ _EVENT_SETS = {
 }
 
 
+def _digit_sizes(test_fraction: float) -> tuple[int, int]:
+    """(train, test) sizes of scikit-learn's 1,797 digits split at ``test_fraction``."""
+    n = 1797
+    n_test = math.ceil(n * test_fraction)  # as train_test_split rounds the test size
+    return n - n_test, n_test
+
+
 def _embedded(name: str, test_fraction: float) -> dict:
     from neurofed.data.synthetic_events import SENSOR_SIZE
 
-    n = 1797  # scikit-learn's digits
-    n_test = math.ceil(n * test_fraction)  # as train_test_split rounds the test size
+    train, n_test = _digit_sizes(test_fraction)
     if name == "digits":
         return {"name": name, "found": True, "where": "embedded (scikit-learn's 8x8 digits)", "shape": "1x8x8",
-                "classes": 10, "train": n - n_test, "test": n_test, "sizes_from": "embedded"}
+                "classes": 10, "train": train, "test": n_test, "sizes_from": "embedded"}
     w, h, p = SENSOR_SIZE
     return {"name": name, "found": True, "where": "embedded (SYNTHETIC events of the digits)",
-            "shape": f"{p}x{h}x{w}xT", "classes": 10, "train": n - n_test, "test": n_test, "sizes_from": "embedded"}
+            "shape": f"{p}x{h}x{w}xT", "classes": 10, "train": train, "test": n_test, "sizes_from": "embedded"}
 
 
 def _event_row(name: str, root, test_fraction: float) -> dict:
@@ -70,7 +76,7 @@ def catalog(root=None, test_fraction: float = 0.25) -> list[dict]:
         elif name in ("digits", "digits_events"):
             row = _embedded(name, test_fraction)
         elif name in STANDINS:
-            row = describe_standin(name, test_fraction)
+            row = describe_standin(name, *_digit_sizes(test_fraction))
         elif name in _EVENT_SETS:
             row = _event_row(name, root, test_fraction)
         else:  # registered elsewhere, without a description

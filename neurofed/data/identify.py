@@ -37,11 +37,8 @@ def published() -> dict:
 
 
 def md5(path: Path) -> str:
-    h = hashlib.md5()  # the publishers' checksums are MD5: integrity, not security
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    with open(path, "rb") as fh:  # the publishers' checksums are MD5: integrity, not security
+        return hashlib.file_digest(fh, "md5").hexdigest()
 
 
 def identify(name: str, titles: dict[str, str], files: dict[str, Path], first_labels: dict[str, list] | None = None,

@@ -173,13 +173,10 @@ def load_standin(name: str, data_cfg: dict) -> Dataset:
                          "note": f"STAND-IN for {for_name} made from scikit-learn's digits (not {for_name})"})
 
 
-def describe(name: str, test_fraction: float = 0.25) -> dict:
-    """The ``neurofed datasets`` row of a stand-in."""
-    import math
-
+def describe(name: str, digits_train: int, digits_test: int) -> dict:
+    """The ``neurofed datasets`` row of a stand-in, given the digits' split sizes."""
     for_name, shape, classes = STANDINS[name]
-    n_test = math.ceil(1797 * test_fraction)
-    train, test = 1797 - n_test, n_test
+    train, test = digits_train, digits_test
     if classes == 100:
         train, test = 100 * CIFAR100_PAIRS[0], 100 * CIFAR100_PAIRS[1]
     return {"name": name, "found": True, "where": f"embedded STAND-IN for {for_name} (made of the digits)",

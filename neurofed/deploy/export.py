@@ -39,11 +39,8 @@ def digest_file(path: Path) -> Path:
 def file_sha256(path: Path) -> str:
     import hashlib
 
-    h = hashlib.sha256()
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def check_net_digest(path: Path) -> None:

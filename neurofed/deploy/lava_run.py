@@ -349,14 +349,23 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     return result
 
 
-def summary_line(r: dict) -> str:
+def agreement_head(r: dict) -> str:
+    """What a Lava and a NIR run's line say first: the samples, the accuracy beside
+    torch's on the same input spikes, and the prediction agreement."""
     on = describe_measured(r["accuracy_measured_on"]) if "accuracy_measured_on" in r else f"{r['samples']} samples"
-    return (f"lava {r['backend']}: {on}: accuracy {r['accuracy']:.4f} "
-            f"(torch on the same input spikes {r['torch_accuracy']:.4f}), prediction agreement {r['agreement']:.4f}, "
-            f"spike-for-spike {'yes' if r['spike_for_spike'] else 'NO'} "
-            f"(samples with the layer's raster identical to torch's "
-            f"{', '.join(f'{100 * a:.0f}%' for a in r['layer_raster_agreement'])}); "
-            f"compile {r['compile_s']:.2f} s, {r['samples_per_s']:.1f} samples/s")
+    return (f"{on}: accuracy {r['accuracy']:.4f} (torch on the same input spikes {r['torch_accuracy']:.4f}), "
+            f"prediction agreement {r['agreement']:.4f}")
+
+
+def raster_shares(r: dict) -> str:
+    """Per layer, the share of samples whose whole raster equals torch's."""
+    return "samples with the layer's raster identical to torch's " + ", ".join(
+        f"{100 * a:.0f}%" for a in r["layer_raster_agreement"])
+
+
+def summary_line(r: dict) -> str:
+    return (f"lava {r['backend']}: {agreement_head(r)}, spike-for-spike {'yes' if r['spike_for_spike'] else 'NO'} "
+            f"({raster_shares(r)}); compile {r['compile_s']:.2f} s, {r['samples_per_s']:.1f} samples/s")
 
 
 def _cpus() -> int:

@@ -34,9 +34,10 @@ import numpy as np
 import torch
 
 from neurofed.deploy import DeployError
-from neurofed.deploy.lava_run import SpikeStats, _cpus, input_spikes, layer_seeds, predict, torch_reference
+from neurofed.deploy.lava_run import (SpikeStats, _cpus, agreement_head, input_spikes, layer_seeds, predict,
+                                      raster_shares, torch_reference)
 from neurofed.deploy.nir_export import NIR_FILE, export_nir_run, graph_meta, node_names, read_nir, synaptic_ops
-from neurofed.fl.seeds import describe_measured, measured_on, seed_for
+from neurofed.fl.seeds import measured_on, seed_for
 
 RESULT_FILE = "nir.json"  # {simulator: result}
 
@@ -370,12 +371,9 @@ def summary_line(r: dict) -> str:
     that differ from torch's (small: float rounding in the simulator's LIF), and the
     share of samples whose whole raster in that layer equals torch's (strict: one
     differing spike of one neuron fails the sample)."""
-    on = describe_measured(r["accuracy_measured_on"]) if "accuracy_measured_on" in r else f"{r['samples']} samples"
-    return (f"nir {r['sim']} {r['sim_version']}: {on}: accuracy {r['accuracy']:.4f} "
-            f"(torch on the same input spikes {r['torch_accuracy']:.4f}), prediction agreement {r['agreement']:.4f} "
+    return (f"nir {r['sim']} {r['sim_version']}: {agreement_head(r)} "
             f"(all {r['timesteps']} steps read: {r['agreement_full_window']:.4f}); spikes differing from torch per "
-            f"layer {', '.join(f'{100 * a:.1f}%' for a in r['layer_spike_mismatch'])} (samples with the layer's "
-            f"raster identical to torch's {', '.join(f'{100 * a:.0f}%' for a in r['layer_raster_agreement'])}); "
+            f"layer {', '.join(f'{100 * a:.1f}%' for a in r['layer_spike_mismatch'])} ({raster_shares(r)}); "
             f"{r['samples_per_s']} samples/s")
 
 

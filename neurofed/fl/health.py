@@ -38,22 +38,16 @@ def layer_names(model) -> list[str]:
     return [f"{i} ({layer.kind})" for i, layer in enumerate(model.layers) if layer.has_neurons]
 
 
-@torch.no_grad()
 def start_rates(model, cfg: dict, x_train: torch.Tensor) -> list[float]:
-    """Each spiking layer's firing rate on the calibration batch (spikes / neuron / step)."""
-    from neurofed.models.init import calibration_batch
+    """Each spiking layer's firing rate (spikes / neuron / step) on the samples the
+    calibration uses (:func:`neurofed.models.init.calibration_indices`)."""
+    from neurofed.fl.seeds import seed_for
+    from neurofed.fl.train import forward_dataset, layer_firing_rates
+    from neurofed.models.init import calibration_indices
 
-    x = calibration_batch(model, cfg, x_train)
-    was_training, model.record = model.training, True
-    model.eval()
-    try:
-        model(x)
-        spikes = [s.double().mean().item() for s in model.layer_spikes]
-    finally:
-        model.record = False
-        model.train(was_training)
-    steps = x.shape[-1]
-    return [s / (n * steps) for s, n in zip(spikes, model.neurons_per_layer)]
+    idx, _ = calibration_indices(cfg, len(x_train))
+    _, spikes = forward_dataset(model, x_train[idx], cfg["data"], seed_for(cfg["seed"], "init_batch"))
+    return layer_firing_rates(model, spikes, cfg["data"]["timesteps"]).tolist()
 
 
 class Health:
@@ -67,6 +61,7 @@ class Health:
                              "nonfinite_updates": 0, "rounds_without_update": []}
         self._stuck = 0
         self._said: set[str] = set()
+        self._quiet = False  # replaying a resumed run's rounds: recorded, said already
 
     def _problem(self, key: str, msg: str) -> None:
         if key not in self._said:
@@ -74,8 +69,6 @@ class Health:
             self.problems.append(msg)
             if not self._quiet:
                 _warn(msg)
-
-    _quiet = False
 
     def replay(self, history: list[dict], model) -> None:
         """Rebuild the record of a resumed run's earlier rounds (said when first seen)."""

@@ -445,9 +445,9 @@ def _run(cfg: dict, out: Path, resume: bool, progress: bool, after: bool,
     best = None  # the model state of the best round so far (first of equals, as summarize)
     accountant = Accountant(cfg, exp.dataset.num_classes, exp.algorithm)
     health = Health(cfg, exp.dataset.num_classes)
-    if state is None:
+    if state is None:  # (prepare_run_dir left no metrics.jsonl of another run here)
         health.check_start(exp.eval_model, exp.x_train)
-    if state is not None:
+    else:
         try:
             start = exp.restore(state)
             if np.shape(exp.server.params) != (exp.spec.size,):
@@ -468,8 +468,6 @@ def _run(cfg: dict, out: Path, resume: bool, progress: bool, after: bool,
         if best is not None:
             save_state(out / MODEL_BEST, best, "model")
         save_state(out / MODEL_LAST, exp.model_state(start, history[-1]["accuracy"] if history else None), "model")
-    elif metrics_path.exists():
-        metrics_path.unlink()
 
     rounds = cfg["federation"]["rounds"]
     bar = None

@@ -166,6 +166,13 @@ def forward_dataset(model, x: torch.Tensor, data_cfg: dict, seed: int, batch_siz
     return torch.cat(logits).cpu(), (torch.cat(spikes).cpu() if spikes else None)
 
 
+def layer_firing_rates(model, spikes: torch.Tensor, timesteps: int) -> torch.Tensor:
+    """Each spiking layer's firing rate (spikes per neuron per step, float64, shape (L,)),
+    averaged over the samples of ``spikes`` ((N, L) counts from :func:`forward_dataset`)."""
+    neurons = torch.tensor(model.neurons_per_layer, dtype=torch.float64)
+    return spikes.double().mean(0) / (neurons * timesteps)
+
+
 def evaluate(model, x: torch.Tensor, y: torch.Tensor, cfg: dict, seed: int) -> dict:
     """Test accuracy, loss and firing rates of ``model`` on (x, y)."""
     logits, spikes = forward_dataset(model, x, cfg["data"], seed)
@@ -176,7 +183,7 @@ def evaluate(model, x: torch.Tensor, y: torch.Tensor, cfg: dict, seed: int) -> d
     if spikes is not None:
         timesteps = cfg["data"]["timesteps"]
         neurons = torch.tensor(model.neurons_per_layer, dtype=torch.float64)
-        rates = (spikes.double().mean(0) / (neurons * timesteps)).numpy()
+        rates = layer_firing_rates(model, spikes, timesteps).numpy()
         result["layer_firing_rates"] = [round(float(r), 6) for r in rates]
         # Mean over all neurons of the network (what an energy estimate weights by).
         result["firing_rate"] = float(spikes.double().sum(1).mean() / (neurons.sum() * timesteps))

@@ -17,12 +17,10 @@ POOLS = ("sum", "max", "avg")  # neurofed.models.snn.pool_neuron
 
 def rate_band(v):
     """[lo, hi] firing rates (spikes per neuron per step) with 0 < lo <= hi <= 1."""
-    import math
-
-    ok = (isinstance(v, (list, tuple)) and len(v) == 2
-          and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
-          and 0 < v[0] <= v[1] <= 1)
-    return None if ok else f"got {v!r}; allowed: [lo, hi] with 0 < lo <= hi <= 1 (spikes per neuron per step)"
+    in_unit = number(0, 1, lo_open=True)
+    if isinstance(v, (list, tuple)) and len(v) == 2 and not any(in_unit(x) for x in v) and v[0] <= v[1]:
+        return None
+    return f"got {v!r}; allowed: [lo, hi] with 0 < lo <= hi <= 1 (spikes per neuron per step)"
 
 
 def model_names() -> list[str]:

@@ -116,15 +116,22 @@ def _run(model, indices: list[int], h: torch.Tensor) -> torch.Tensor:
     return h
 
 
-def calibration_batch(model, cfg: dict, x_train: torch.Tensor) -> torch.Tensor:
-    """``model.init_samples`` training samples, drawn and encoded from the run's seed (the
-    same batch in process and on a Flower ServerApp, which loads the same data)."""
-    from neurofed.data.encoding import encode_for
+def calibration_indices(cfg: dict, num_train: int) -> tuple[torch.Tensor, torch.Generator]:
+    """The ``model.init_samples`` training samples the calibration (and the run's start-up
+    health check) use, drawn from the run's seed, and the generator after the draw."""
     from neurofed.fl.seeds import seed_for
 
     gen = torch.Generator().manual_seed(seed_for(cfg["seed"], "init_batch"))
-    n = min(int(cfg["model"].get("init_samples", 64)), len(x_train))
-    idx = torch.randperm(len(x_train), generator=gen)[:n]
+    n = min(int(cfg["model"].get("init_samples", 64)), num_train)
+    return torch.randperm(num_train, generator=gen)[:n], gen
+
+
+def calibration_batch(model, cfg: dict, x_train: torch.Tensor) -> torch.Tensor:
+    """The calibration samples, encoded from the run's seed (the same batch in process
+    and on a Flower ServerApp, which loads the same data)."""
+    from neurofed.data.encoding import encode_for
+
+    idx, gen = calibration_indices(cfg, len(x_train))
     return encode_for(model, x_train[idx], cfg["data"], gen)
 
 
