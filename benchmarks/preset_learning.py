@@ -34,6 +34,35 @@ OUT = ROOT / "benchmarks" / "results" / "preset_learning"
 WIDE = {"svgg9", "sfedca_alexnet", "hifi_resnet18", "resnet18"}  # reduced in width on 2 cores
 
 
+# The reduced scale per paper (the table's whole run about an hour on 2 cores): few clients so
+# that each trains enough local steps on the few samples a stand-in gives, the papers' own local
+# epochs where a label skew needs them, more rounds where rounds are cheap. A flag overrides it.
+SCALE = {
+    "fedsnn": {"clients": 4, "rounds": 5, "epochs": 2, "train": 600, "test": 300},  # T = 20: the costliest step
+    "fedlec": {"clients": 10, "rounds": 12, "epochs": 2, "train": 1500, "test": 300},  # label skew: short rounds
+    "sfedca": {"clients": 5, "rounds": 10, "epochs": 5, "train": 600, "test": 300, "candidates": 3},  # 5: 2Shards
+    "sfedhifi": {"clients": 4, "rounds": 6, "epochs": 2, "train": 600, "test": 300},
+}
+SCALE_KEYS = ("clients", "rounds", "epochs", "train", "test", "candidates", "width")
+
+
+def scale_for(preset: str, args) -> argparse.Namespace:
+    """``args`` with the preset's paper's reduced scale wherever no flag set it."""
+    paper = SCALE[preset.split("_")[0]]
+    default = {"candidates": 4, "width": 0.25, **paper}
+    return argparse.Namespace(**{**vars(args), **{k: default.get(k) for k in SCALE_KEYS if getattr(args, k) is None}})
+
+
+def available(cfg: dict, args) -> int:
+    """Training samples of the preset's data (its stand-in unless ``--root``): a subset is
+    taken only where it is smaller."""
+    from neurofed.data import load_dataset
+    from neurofed.data.standins import standin_name
+
+    data = {**cfg["data"], "root": args.root} if args.root else {**cfg["data"], "name": standin_name(cfg["data"]["name"])}
+    return len(load_dataset({**data, "train_subset": None, "test_subset": None}).y_train)
+
+
 def overrides(cfg: dict, args) -> tuple[list[str], dict]:
     """The reduced-scale ``--set`` list for a preset's config, and what was reduced."""
     from neurofed.data.standins import standin_name
@@ -51,7 +80,7 @@ def overrides(cfg: dict, args) -> tuple[list[str], dict]:
     else:
         over.append(f"data.name={standin_name(data['name'])}")
     over += args.set or []
-    if args.train:
+    if args.train and args.train < available(cfg, args):
         over.append(f"data.train_subset={args.train}")
         reduced["train"] = f"{args.train} samples"
     if args.test:
@@ -61,7 +90,11 @@ def overrides(cfg: dict, args) -> tuple[list[str], dict]:
         candidates = min(algo["candidates"] or clients, clients, args.candidates)
         over.append(f"algorithm.candidates={candidates}")
         reduced["candidates"] = f"{algo['candidates']} -> {candidates}"
-    if model["name"] in WIDE and model.get("width", 1.0) > args.width:
+    if model["name"] in WIDE and "widths" in algo:  # SFedHIFI's widths are absolute: each scaled
+        widths = [round(w * args.width, 4) for w in algo["widths"]]
+        over += [f"model.width={max(widths)}", f"algorithm.widths=[{', '.join(map(str, widths))}]"]
+        reduced["width"] = f"{algo['widths']} -> {widths}"
+    elif model["name"] in WIDE and model.get("width", 1.0) > args.width:
         over.append(f"model.width={args.width}")
         reduced["width"] = f"{model.get('width', 1.0)} -> {args.width}"
     return over, reduced
@@ -71,7 +104,7 @@ def run_one(preset: Path, args, tmp: Path) -> dict:
     from neurofed.config import load_config
 
     cfg = load_config(preset, overrides=["data.root=/nonexistent"])
-    over, reduced = overrides(cfg, args)
+    over, reduced = overrides(cfg, scale_for(preset.stem, args))
     out = tmp / preset.stem
     cmd = [sys.executable, "-m", "neurofed.cli", "run", str(preset), "--out", str(out), "--quiet"]
     for o in over:
@@ -91,12 +124,19 @@ def run_one(preset: Path, args, tmp: Path) -> dict:
         return {**row, "error": (res.stderr.strip().splitlines() or ["no output"])[-1]}
     accs = [h["accuracy"] for h in history]
     return {**row, "data": summary["dataset"], "chance": 1 / classes, "accuracy": [round(a, 4) for a in accs],
+            "train_loss": [round(h["train_loss"], 4) if h.get("train_loss") is not None else None for h in history],
             "final": accs[-1], "best": max(accs), "rates": history[-1].get("layer_firing_rates"),
             "health": summary.get("health", {}).get("ok"), "problems": summary.get("health", {}).get("problems", []),
-            "learns": max(accs) >= 2.5 / classes and accs[-1] > accs[0]}
+            "learns": learns(accs, 1 / classes)}
 
 
-def table(rows: list[dict], args) -> str:
+def learns(accs: list[float], chance: float) -> bool:
+    """Far above chance and rising: the best round at least 2.5x chance and 10 points above
+    it (with 100 classes 2.5x chance is 1.5 points), the last round above the first."""
+    return max(accs) >= max(2.5 * chance, chance + 0.10) and accs[-1] > accs[0]
+
+
+def table(rows: list[dict], args, missing: list[str] = ()) -> str:
     cpu = platform.processor() or platform.machine()
     lines = [
         "# Do the paper presets learn? (reduced scale, stand-in data)",
@@ -106,7 +146,8 @@ def table(rows: list[dict], args) -> str:
         "encoding, neuron, optimizer, algorithm, readout, pools, surrogate and init; reduced as its row says "
         "(clients, rounds, local epochs, samples, the width of the wide nets, SFedCA's candidates). Data: the "
         "STAND-INS made of the digits (`neurofed.data.standins`), not the papers' data: no figure here is a "
-        "paper's number. 'learns': best accuracy at least 2.5x chance and the last round above the first.",
+        "paper's number. 'learns': the best round at least 2.5x chance and 10 points above it, the last "
+        "round above the first.",
         "",
         "| preset | data | model | optimizer | T | reduced | accuracy per round | chance | learns "
         "| last-round firing rates | health | s |",
@@ -124,7 +165,9 @@ def table(rows: list[dict], args) -> str:
                      f"{'yes' if r['learns'] else '**no**'} | {rates} | {'ok' if r['health'] else 'problems'} | "
                      f"{r['wall_s']} |")
     learned = sum(1 for r in rows if r.get("learns"))
-    lines += ["", f"{learned} of {len(rows)} presets learn at this scale."]
+    lines += [f"| {stem} | | | | | | not run | | not run | | | |" for stem in missing]
+    lines += ["", f"{learned} of {len(rows)} presets run learn at this scale"
+              + (f"; {len(missing)} not run." if missing else ".")]
     return "\n".join(lines) + "\n"
 
 
@@ -132,13 +175,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="run the presets whose file name contains this (comma-separated: any of these)")
     ap.add_argument("--root", help="the real data files (data.root) instead of the stand-ins")
-    ap.add_argument("--clients", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--train", type=int, default=None, help="data.train_subset")
-    ap.add_argument("--test", type=int, default=None, help="data.test_subset")
-    ap.add_argument("--candidates", type=int, default=4, help="SFedCA's candidates S, at most")
-    ap.add_argument("--width", type=float, default=0.25, help="width of the wide nets")
+    ap.add_argument("--clients", type=int, help="clients at most (default: the paper's SCALE)")
+    ap.add_argument("--rounds", type=int, help="rounds (default: the paper's SCALE)")
+    ap.add_argument("--epochs", type=int, help="local epochs at most (default: the paper's SCALE)")
+    ap.add_argument("--train", type=int, help="data.train_subset (default: the paper's SCALE; 0 = all)")
+    ap.add_argument("--test", type=int, help="data.test_subset (default: the paper's SCALE; 0 = all)")
+    ap.add_argument("--candidates", type=int, help="SFedCA's candidates S, at most (default: SCALE, else 4)")
+    ap.add_argument("--width", type=float, help="width of the wide nets (default: SCALE, else 0.25)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per preset")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="a further override for every preset")
     ap.add_argument("--out", default=str(OUT))
@@ -150,8 +193,11 @@ def main(argv=None) -> int:
         rows = {}
         for line in (out / "results.jsonl").read_text().splitlines():
             row = json.loads(line)
+            if "accuracy" in row:  # judged by today's rule
+                row["learns"] = learns(row["accuracy"], row["chance"])
             rows[row["preset"]] = row
-        (out / "README.md").write_text(table(sorted(rows.values(), key=lambda r: r["preset"]), args))
+        missing = sorted(p.stem for p in PRESETS.glob("*.yaml") if p.stem not in rows)
+        (out / "README.md").write_text(table(sorted(rows.values(), key=lambda r: r["preset"]), args, missing))
         print(f"{len(rows)} presets -> {out / 'README.md'}")
         return 0
     only = args.only.split(",") if args.only else None

@@ -335,6 +335,21 @@ def test_fedlec_lc_eq8_sums_over_every_label_the_missing_ones_with_gamma_zero():
         assert float(form(moved, y, prior)) == pytest.approx(float(form(logits, y, prior)), rel=1e-6)
 
 
+def test_fedlec_lc_eq8_with_negative_voltage_logits_is_the_shifted_hand_value_and_trains():
+    # a voltage readout's logits can be < 0, where e^f − γ ≤ 0 has no logarithm: the sample
+    # is raised until its smallest logit is 0, then Eq. 8 as printed (γ = (3/4, 1/4, 0)).
+    prior = label_prior([3, 1, 0], 0.0)
+    logits, y = torch.tensor([[-3.0, -1.0, 0.5], [0.5, 1.5, 0.0]], requires_grad=True), torch.tensor([0, 1])
+    e = math.exp
+    l1 = -math.log((e(0) - 0.75) / ((e(0) - 0.75) + (e(2) - 0.25) + e(3.5)))  # f + 3
+    l2 = -math.log((e(1.5) - 0.25) / ((e(0.5) - 0.75) + (e(1.5) - 0.25) + e(0)))  # already ≥ 0
+    loss = eq8_loss(logits, y, prior)
+    assert float(loss) == pytest.approx((l1 + l2) / 2, rel=1e-6)
+    assert float(loss) < 5.0  # not the 1e-12 floor's −log(1e-12) ≈ 27.6
+    loss.backward()
+    assert logits.grad[0, 0] < 0  # the true label's logit is pushed up, not left without gradient
+
+
 def test_fedlec_ld_forms_with_exactly_one_missing_label():
     # M = {2}. all_labels (the former default "eq9"): softmax over all labels, sum over M;
     # same denominators, so log(q_g[2] / q_l[2]) = 1 − 3 = −2 and L_d = −2 e / (e³ + e² + e).

@@ -76,6 +76,11 @@ def test_voltage_readout_is_the_accumulated_input_of_a_non_spiking_output_layer(
     assert len(torch.unique(logits)) > 13
     # it emits no spikes: it counts 0, and the layer list keeps its length
     assert len(model.layer_spikes) == len(model.neurons_per_layer) and float(model.layer_spikes[-1].sum()) == 0
+    # TET's per-step outputs (SFedHIFI Eq. 14): the head's input at each step, whose mean over T
+    # is the logits above
+    per_step = model.readout_per_step(out)
+    assert torch.allclose(per_step, z.reshape(out.shape), atol=2e-3)
+    assert torch.allclose(per_step.mean(-1), logits, atol=1e-6)
 
 
 def test_voltage_readout_needs_a_dense_output_layer_and_is_a_config_choice():
@@ -165,6 +170,32 @@ def test_firing_init_puts_every_layer_in_its_band_by_scaling_weights_only(tiny_c
     # the 8-bit hook still puts every weight on SLAYER's grid (export stays 8-bit)
     w = model.blocks[0].synapse.pre_hook_fx(model.blocks[0].synapse.weight)
     assert torch.equal(w * 32, torch.round(w * 32))
+
+
+def test_firing_init_gives_a_voltage_readout_unit_logit_std(tiny_cfg):
+    from neurofed.data import load_dataset
+    from neurofed.data.encoding import as_tensor
+    from neurofed.models import build_run_model
+    from neurofed.models.init import READOUT_STD, calibration_batch, initialize
+
+    cfg = tiny_cfg(**{"model.name": "cnn", "model.readout": "voltage", "model.init": "firing", "data.timesteps": 8})
+    ds = load_dataset(cfg["data"])
+    x = as_tensor(ds.x_train)
+    torch.manual_seed(0)
+    model = build_run_model(cfg, ds)
+    head = [p for p in model.blocks[-1].parameters() if p.requires_grad]
+    head_before = [p.detach().clone() for p in head]
+    report = initialize(model, cfg, x)
+    last = report[-1]
+    assert last["layer"] == len(model.layers) - 1 and last["logit_std_after"] == pytest.approx(READOUT_STD, rel=0.05)
+    # one positive factor on the readout's weights, the one that moved the std to READOUT_STD
+    gain = last["gain"]
+    for p, b in zip(head, head_before):
+        assert torch.allclose(p.detach(), b * gain, rtol=1e-5)
+    model.eval()
+    with torch.no_grad():
+        logits = model.readout(model(calibration_batch(model, cfg, x)))
+    assert float(logits.std()) == pytest.approx(READOUT_STD, rel=0.05)  # 8-bit weights, fixed-point voltage
 
 
 # --------------------------------------------------------------------------- health

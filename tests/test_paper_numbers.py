@@ -58,6 +58,14 @@ def test_fedsnn_vgg9_count_is_its_formula_on_the_authors_layers():
     assert ann_energy_uj("fedsnn_cifar10_noniid.yaml", 1.0, "fedsnn", "cmos45_int") == pytest.approx(ops * 3.2e-6)
 
 
+def test_fedsnn_printed_ann_energy_is_its_formula_on_halved_maps_and_a_1024_input_fc1():
+    # The explanation recorded in printed/training_free.yaml: VGG9's channels, Sec. IV-F's formula,
+    # maps 32, 16, 16, 8, 8, 4, 2 and FC 1024 -> 1024 -> 10 give the printed 227.99 uJ at 3.2 pJ.
+    convs = [(32, 3, 64), (16, 64, 64), (16, 64, 128), (8, 128, 128), (8, 128, 256), (4, 256, 256), (2, 256, 256)]
+    ops = sum(m * m * i * 9 * o for m, i, o in convs) + 1024 * 1024 + 1024 * 10
+    assert round(ops * 3.2e-6, 2) == next(e["value_uj"] for e in PRINTED if e["paper"] == "fedsnn")
+
+
 def test_sfedhifi_table3_follows_the_authors_count_not_the_printed_factor_two():
     # The authors' 4-layer CNN at width p (spiking_cnn_flanc.py): head 1->64 3x3 at 28x28 (+ bias);
     # DecomBlock 1: 64 inputs in 8 groups of 8, 32 bank filters each -> a 1x1 mix 256 -> 128p at 28x28;

@@ -70,6 +70,12 @@ def _eq8(logits: torch.Tensor, y: torch.Tensor, prior, labels: torch.Tensor) -> 
     prior = torch.as_tensor(np.asarray(prior), dtype=logits.dtype, device=logits.device)
     if not bool(labels[y].all()):
         raise ValueError("eq8_loss: a sample's label is outside the label set (prior 0 with lc_form eq8_held)")
+    # Eq. 8 subtracts γ from e^f, so unlike a softmax it depends on the logits' offset and
+    # needs e^f > γ. Spike-rate logits are ≥ 0 and kept as they are; a voltage readout's
+    # can be negative, where e^f − γ ≤ 0 left only the 1e-12 floor (no gradient, losses
+    # of ~27 and a collapse to one label under label skew): such a sample's logits are
+    # raised until the smallest is 0.
+    logits = logits - logits.min(1, keepdim=True).values.clamp(max=0.0)
     f = logits[:, labels]
     m = f.detach().max(1, keepdim=True).values
     terms = (torch.exp(f - m) - prior[labels] * torch.exp(-m)).clamp_min(1e-12)  # (e^f − γ)/e^m
@@ -86,8 +92,10 @@ def eq8_loss(logits: torch.Tensor, y: torch.Tensor, prior) -> torch.Tensor:
     A missing label's term is e^{f_c}, as in plain cross-entropy: L_c pushes it down, which
     is what the text after Eq. 8 means by L_c "fails to handle missing label issues" and
     why L_d exists (the authors' code, too, trains the full cross-entropy over all labels).
-    The terms are ≥ 0 here because our logits are spike rates × logit scale (f ≥ 0, so
-    e^f ≥ 1 ≥ γ); each is floored at 1e-12 (a single-label client with a silent output,
+    The terms are ≥ 0 because the logits are ≥ 0: spike rates × logit scale are, and a
+    voltage readout's sample with a negative logit is shifted up until its smallest is 0
+    (Eq. 8 is not shift-invariant as a softmax is, and e^f − γ < 0 has no logarithm), so
+    e^f ≥ 1 ≥ γ; each is floored at 1e-12 (a single-label client with a silent output,
     f = 0 and γ = 1, would give 0/0). Computed with the largest e^f factored out."""
     return _eq8(logits, y, prior, torch.ones(logits.shape[1], dtype=torch.bool, device=logits.device))
 

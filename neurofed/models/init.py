@@ -25,8 +25,11 @@ applied before SLAYER's 8-bit quantization hook, which keeps every weight on the
 grid). Fixed-weight layers (pools) are not scaled: a trainable layer followed by pools is
 calibrated on the rate of the last of those pools, so that spikes pass through them. A
 residual join scales its main and shortcut synapses by the same factor.
-A layer that reads out its voltage (``model.readout: voltage``) has no rate: it keeps
-SLAYER's initialization.
+A layer that reads out its voltage (``model.readout: voltage``) has no rate: it is scaled,
+as LSUV scales every layer, so that the logits it gives have unit standard deviation on
+the batch (``READOUT_STD``; the logits are linear in its weights, so one factor is exact).
+SLAYER's initialization left them at a std of 0.05 (S-VGG9, T = 20, logits U_L^T / T), so
+small that SGD spent its first rounds at a loss of ln K.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import math
 import torch
 
 INIT_MODES = ("slayer", "firing")
+READOUT_STD = 1.0  # a voltage readout's logit std on the calibration batch (LSUV's unit variance)
 GAIN_RANGE = (2.0 ** -6, 2.0 ** 10)  # the bisection's bounds on one layer's factor
 STEPS = 14  # bisection steps at most; it stops as soon as the rate is in the band
 
@@ -90,8 +94,16 @@ def calibrate_firing(model, x: torch.Tensor, rates: tuple[float, float]) -> list
             group = [i]  # a trainable layer and the fixed-weight pools right after it
             while layers[i].kind != "pool" and group[-1] + 1 < len(layers) and layers[group[-1] + 1].kind == "pool":
                 group.append(group[-1] + 1)
-            params = [] if model.is_voltage_layer(i) else _scaled_parameters(model.blocks[i])
-            if params and layers[group[-1]].has_neurons:
+            params = _scaled_parameters(model.blocks[i])
+            if params and model.is_voltage_layer(i):
+                before = float(model.readout(_run(model, group, h)).std())
+                gain = READOUT_STD / before if before > 0 else 1.0
+                for p in params:
+                    p.mul_(gain)
+                record.append({"layer": i, "kind": layers[i].kind, "measured_at": group[-1], "gain": gain,
+                               "logit_std_before": before,
+                               "logit_std_after": float(model.readout(_run(model, group, h)).std())})
+            elif params and layers[group[-1]].has_neurons:
                 base = [p.detach().clone() for p in params]
 
                 def rate_at(gain: float) -> float:

@@ -192,11 +192,12 @@ class SpikingNet(nn.Module):
         return output.mean(-1) * self.logit_scale
 
     def readout_per_step(self, output: torch.Tensor) -> torch.Tensor:
-        """Per-time-step logits (N, K, T), for time-step-wise losses such as TET (voltage:
-        the running mean of the synaptic input up to each step)."""
+        """Per-time-step logits (N, K, T), for time-step-wise losses such as TET (Deng et al.
+        2022, SFedHIFI Eq. 14). ``voltage``: the output layer's input at each step (the
+        increment of its leak-free voltage), which is TET's per-step output of a non-spiking
+        head; their mean over T is ``readout``'s logits."""
         if self.readout_kind == "voltage":
-            steps = torch.arange(1, output.shape[-1] + 1, device=output.device, dtype=output.dtype)
-            return output / steps * self.logit_scale
+            return torch.diff(output, dim=-1, prepend=torch.zeros_like(output[..., :1])) * self.logit_scale
         return output * self.logit_scale
 
     @property
