@@ -242,7 +242,8 @@ LEARNS = {
 }
 
 
-def _standin_run(stem: str, extra: list[str], tmp_path) -> list[dict]:
+def _standin_run(stem: str, extra: list[str], tmp_path) -> tuple[dict, list[dict]]:
+    """The run's summary and its rounds' metrics."""
     from neurofed.data.standins import standin_name
 
     path = PAPERS / f"{stem}.yaml"
@@ -250,8 +251,8 @@ def _standin_run(stem: str, extra: list[str], tmp_path) -> list[dict]:
     cfg = load_config(path, overrides=[f"data.name={standin_name(dataset)}", "data.train_subset=400",
                                        "data.test_subset=200", "energy.enabled=false", "export=false",
                                        "federation.target_accuracy=null", *extra])
-    run(cfg, tmp_path / "run", progress=False, after=False)
-    return [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    summary = run(cfg, tmp_path / "run", progress=False, after=False)
+    return summary, [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
 
 
 SLOW_LEARNS = ("fedsnn_cifar10_iid", "sfedhifi_fashion_mnist_iid")  # ~1.5 min each on 2 cores: CI runs them (.ci/run)
@@ -260,18 +261,17 @@ SLOW_LEARNS = ("fedsnn_cifar10_iid", "sfedhifi_fashion_mnist_iid")  # ~1.5 min e
 @pytest.mark.parametrize("stem", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_LEARNS else s
                                   for s in sorted(LEARNS)])
 def test_each_papers_smallest_preset_learns_on_its_standin(stem, tmp_path):
-    history = _standin_run(stem, LEARNS[stem], tmp_path)
+    summary, history = _standin_run(stem, LEARNS[stem], tmp_path)
     accuracy = [h["accuracy"] for h in history]
     chance = 0.1  # every stand-in here has 10 classes
     assert max(accuracy) >= 2 * chance, accuracy  # far above chance ...
     assert accuracy[-1] > accuracy[0] and history[-1]["loss"] < history[0]["loss"], history  # ... and rising
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["health"]["ok"] is True, summary["health"]
 
 
 def test_a_silent_preset_is_reported(tmp_path):
     # the same cheapest FedLEC run with SLAYER's own initialization at a high threshold: silent
-    _standin_run("fedlec_cifar10_iid", [*LEARNS["fedlec_cifar10_iid"], "model.init=slayer", "model.threshold=20",
-                                        "federation.rounds=1"], tmp_path)
-    health = json.loads((tmp_path / "run" / "summary.json").read_text())["health"]
+    summary, _ = _standin_run("fedlec_cifar10_iid", [*LEARNS["fedlec_cifar10_iid"], "model.init=slayer",
+                                                     "model.threshold=20", "federation.rounds=1"], tmp_path)
+    health = summary["health"]
     assert health["ok"] is False and health["silent_at_start"], health
