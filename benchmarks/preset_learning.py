@@ -2,8 +2,9 @@
 learnable STAND-IN (``neurofed.data.standins``), or on the real files with ``--root``.
 
 Same model, T, encoding, neuron, optimizer, algorithm, readout, pools and initialization
-as the preset; reduced: clients (at most ``--clients``), rounds (``--rounds``), local
-epochs (at most ``--epochs``), training and test samples (``--train`` / ``--test``),
+as the preset; reduced: clients (at most ``--clients``), clients per round (``--per-round``),
+rounds (``--rounds``), local epochs (at most ``--epochs``), training and test samples
+(``--train`` / ``--test``),
 and, for the wide nets only, the width (``--width``, said in the table). Per preset it
 records the test accuracy of every round against chance (1 / classes), the last
 round's firing rate per layer, the run's health record and its time, in
@@ -19,6 +20,7 @@ what the paper's table would show.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import platform
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,22 +37,32 @@ OUT = ROOT / "benchmarks" / "results" / "preset_learning"
 WIDE = {"svgg9", "sfedca_alexnet", "hifi_resnet18", "resnet18"}  # reduced in width on 2 cores
 
 
-# The reduced scale per paper (the table's whole run about an hour on 2 cores): few clients so
-# that each trains enough local steps on the few samples a stand-in gives, the papers' own local
-# epochs where a label skew needs them, more rounds where rounds are cheap. A flag overrides it.
-SCALE = {
-    "fedsnn": {"clients": 4, "rounds": 5, "epochs": 2, "train": 600, "test": 300},  # T = 20: the costliest step
-    "fedlec": {"clients": 10, "rounds": 12, "epochs": 2, "train": 1500, "test": 300},  # label skew: short rounds
-    "sfedca": {"clients": 5, "rounds": 10, "epochs": 5, "train": 600, "test": 300, "candidates": 3},  # 5: 2Shards
-    "sfedhifi": {"clients": 4, "rounds": 6, "epochs": 2, "train": 600, "test": 300},
-}
-SCALE_KEYS = ("clients", "rounds", "epochs", "train", "test", "candidates", "width")
+# The reduced scale (the table's whole run about an hour on 2 cores), per paper and then per
+# data set or split, each later match updating the earlier: few clients, so that each trains enough
+# local steps on the few samples a stand-in gives; more clients per round and more rounds where a
+# label skew leaves each client two classes, so that a round sees most classes. A flag overrides it.
+SCALE = [
+    ("fedsnn_*", {"clients": 4, "rounds": 5, "epochs": 2, "train": 600, "test": 300}),  # T = 20: the costliest step
+    ("fedsnn_cifar100_*", {"clients": 10, "per_round": 2, "epochs": 5, "train": 0, "rounds": 8}),  # as FedLEC's
+    ("fedlec_*", {"clients": 10, "per_round": 5, "rounds": 12, "epochs": 5, "train": 0, "test": 300}),
+    ("fedlec_*_cnum*", {"rounds": 20}),  # label skew: (#cnum, Dir) rises about 1.5 points a round
+    ("fedlec_*_dir*", {"rounds": 20}),
+    ("fedlec_cifar100_*", {"per_round": 2, "rounds": 10}),  # 100 classes: 5,000 samples, long local training
+    ("sfedca_*", {"clients": 5, "rounds": 10, "epochs": 5, "train": 600, "test": 300, "candidates": 3}),
+    ("sfedca_cifar10_*", {"train": 0, "epochs": 2, "rounds": 20}),  # AlexNet, Adam: every sample, short rounds
+    ("sfedca_*_2shards", {"candidates": 5, "per_round": 4, "epochs": 2, "train": 0}),  # a client: 2 classes
+    ("sfedhifi_*", {"clients": 4, "rounds": 6, "epochs": 2, "train": 600, "test": 300}),
+]
+SCALE_KEYS = ("clients", "per_round", "rounds", "epochs", "train", "test", "candidates", "width")
 
 
 def scale_for(preset: str, args) -> argparse.Namespace:
-    """``args`` with the preset's paper's reduced scale wherever no flag set it."""
-    paper = SCALE[preset.split("_")[0]]
-    default = {"candidates": 4, "width": 0.25, **paper}
+    """``args`` with the preset's reduced scale (every SCALE pattern it matches, in order)
+    wherever no flag set it."""
+    default = {"candidates": 4, "width": 0.25}
+    for pattern, scale in SCALE:
+        if fnmatch.fnmatchcase(preset, pattern):
+            default.update(scale)
     return argparse.Namespace(**{**vars(args), **{k: default.get(k) for k in SCALE_KEYS if getattr(args, k) is None}})
 
 
@@ -69,11 +82,14 @@ def overrides(cfg: dict, args) -> tuple[list[str], dict]:
 
     data, part, fed, algo, model = cfg["data"], cfg["partition"], cfg["federation"], cfg["algorithm"], cfg["model"]
     clients = min(part["num_clients"], args.clients)
+    per_round = min(args.per_round or fed["clients_per_round"], clients)
     reduced = {"clients": f"{part['num_clients']} -> {clients}", "rounds": f"{fed['rounds']} -> {args.rounds}",
                "local_epochs": f"{fed['local_epochs']} -> {min(fed['local_epochs'], args.epochs)}"}
+    if per_round != fed["clients_per_round"]:
+        reduced["per_round"] = f"{fed['clients_per_round']} -> {per_round}"
     over = [f"partition.num_clients={clients}", f"federation.rounds={args.rounds}",
             f"federation.local_epochs={min(fed['local_epochs'], args.epochs)}",
-            f"federation.clients_per_round={min(fed['clients_per_round'], clients)}",
+            f"federation.clients_per_round={per_round}", f"federation.threads={args.threads}",
             "export=false", "energy.enabled=false", "federation.target_accuracy=null"]
     if args.root:
         over.append(f"data.root={args.root}")
@@ -110,7 +126,10 @@ def run_one(preset: Path, args, tmp: Path) -> dict:
     for o in over:
         cmd += ["--set", o]
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
+    try:
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        res = subprocess.CompletedProcess(cmd, 124, "", f"timed out after {args.timeout:.0f} s (--timeout)")
     wall = time.perf_counter() - t0
     row = {"preset": preset.stem, "dataset": cfg["data"]["name"], "model": cfg["model"]["name"],
            "algorithm": cfg["algorithm"]["name"], "optimizer": f"{cfg['federation']['optimizer']} "
@@ -144,7 +163,8 @@ def table(rows: list[dict], args, missing: list[str] = ()) -> str:
         f"`python benchmarks/preset_learning.py` on {cpu}, {os.cpu_count()} cores, table written "
         f"{time.strftime('%Y-%m-%d')} (each row's own command is in `results.jsonl`). Each preset's own model, T, "
         "encoding, neuron, optimizer, algorithm, readout, pools, surrogate and init; reduced as its row says "
-        "(clients, rounds, local epochs, samples, the width of the wide nets, SFedCA's candidates). Data: the "
+        "(clients, clients per round, rounds, local epochs, samples, the width of the wide nets, SFedCA's "
+        "candidates). Data: the "
         "STAND-INS made of the digits (`neurofed.data.standins`), not the papers' data: no figure here is a "
         "paper's number. 'learns': the best round at least 2.5x chance and 10 points above it, the last "
         "round above the first.",
@@ -176,6 +196,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", help="run the presets whose file name contains this (comma-separated: any of these)")
     ap.add_argument("--root", help="the real data files (data.root) instead of the stand-ins")
     ap.add_argument("--clients", type=int, help="clients at most (default: the paper's SCALE)")
+    ap.add_argument("--per-round", type=int, help="clients per round, at most (default: SCALE, else the preset's)")
     ap.add_argument("--rounds", type=int, help="rounds (default: the paper's SCALE)")
     ap.add_argument("--epochs", type=int, help="local epochs at most (default: the paper's SCALE)")
     ap.add_argument("--train", type=int, help="data.train_subset (default: the paper's SCALE; 0 = all)")
@@ -183,6 +204,8 @@ def main(argv=None) -> int:
     ap.add_argument("--candidates", type=int, help="SFedCA's candidates S, at most (default: SCALE, else 4)")
     ap.add_argument("--width", type=float, help="width of the wide nets (default: SCALE, else 0.25)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per preset")
+    ap.add_argument("--jobs", type=int, default=1, help="presets run at once, each on cores/jobs torch threads "
+                    "(one thread each uses 2 cores better than two threads for one run)")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="a further override for every preset")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--report", action="store_true", help="only rewrite README.md from results.jsonl")
@@ -190,6 +213,10 @@ def main(argv=None) -> int:
     args.argv = list(argv if argv is not None else sys.argv[1:])
     out = Path(args.out)
     if args.report:  # the table of every preset's latest recorded row, with the command of each
+        if not (out / "results.jsonl").is_file():
+            print(f"preset_learning: --report: no {out / 'results.jsonl'}; run the benchmark first "
+                  "(or give --out the folder that holds it)", file=sys.stderr)
+            return 2
         rows = {}
         for line in (out / "results.jsonl").read_text().splitlines():
             row = json.loads(line)
@@ -206,17 +233,21 @@ def main(argv=None) -> int:
         print(f"preset_learning: --only {args.only!r} matches no preset in {PRESETS}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
+    args.threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
+    command = "python benchmarks/preset_learning.py " + " ".join(args.argv)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="neurofed-presets-") as tmp:
-        for i, preset in enumerate(presets, 1):
-            row = {**run_one(preset, args, Path(tmp)), "command": "python benchmarks/preset_learning.py "
-                   + " ".join(args.argv)}
+    with tempfile.TemporaryDirectory(prefix="neurofed-presets-") as tmp, \
+            ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        running = {pool.submit(run_one, preset, args, Path(tmp)): preset for preset in presets}
+        for i, done in enumerate(as_completed(running), 1):
+            row = {**done.result(), "command": command, "jobs": args.jobs, "threads": args.threads}
             rows.append(row)
             acc = " ".join(f"{a:.2f}" for a in row.get("accuracy", [])) or row.get("error")
-            print(f"[{i}/{len(presets)}] {preset.stem}: {acc} (chance {row.get('chance', 0):.2f}) "
+            print(f"[{i}/{len(presets)}] {row['preset']}: {acc} (chance {row.get('chance', 0):.2f}) "
                   f"{'learns' if row.get('learns') else 'DOES NOT LEARN'} in {row['wall_s']} s", flush=True)
-            with (out / "results.jsonl").open("a") as fh:
+            with (out / "results.jsonl").open("a") as fh:  # each row as it ends: a stopped table keeps its rows
                 fh.write(json.dumps(row) + "\n")
+    rows.sort(key=lambda r: r["preset"])
     text = table(rows, args)
     if args.only or args.set:  # a part of the table, or another setting, never replaces the whole one
         print(text)

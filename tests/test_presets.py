@@ -275,3 +275,26 @@ def test_a_silent_preset_is_reported(tmp_path):
                                                      "model.threshold=20", "federation.rounds=1"], tmp_path)
     health = summary["health"]
     assert health["ok"] is False and health["silent_at_start"], health
+
+
+def test_the_learning_benchmarks_reduced_scale_is_a_valid_config_for_every_preset():
+    """benchmarks/preset_learning.py's SCALE patterns resolve, for every preset, to overrides
+    the config validates (SFedCA's candidates between the clients per round and the clients),
+    and every change of scale it makes is named in the row's 'reduced'."""
+    import argparse
+    import sys
+
+    sys.path.insert(0, str(PAPERS.parents[1] / "benchmarks"))
+    import preset_learning
+
+    flags = argparse.Namespace(**{k: None for k in preset_learning.SCALE_KEYS}, root=None, set=None, threads=1)
+    for preset in PRESETS:
+        cfg = load_config(preset, overrides=["data.root=/nonexistent"])
+        scale = preset_learning.scale_for(preset.stem, flags)
+        over, reduced = preset_learning.overrides(cfg, scale)
+        reduced_cfg = load_config(preset, overrides=over)  # raises ConfigError when invalid
+        fed = reduced_cfg["federation"]
+        assert reduced_cfg["data"]["name"].startswith("standin_"), preset.stem
+        assert fed["rounds"] == scale.rounds and reduced["rounds"].endswith(str(scale.rounds)), preset.stem
+        if fed["clients_per_round"] != cfg["federation"]["clients_per_round"]:
+            assert "per_round" in reduced, preset.stem
