@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import json
 import os
 import platform
@@ -37,7 +38,8 @@ OUT = ROOT / "benchmarks" / "results" / "preset_learning"
 WIDE = {"svgg9", "sfedca_alexnet", "hifi_resnet18", "resnet18"}  # reduced in width on 2 cores
 
 
-# The reduced scale (the table's whole run about an hour on 2 cores), per paper and then per
+# The reduced scale (aimed at a whole table of about an hour on 2 cores; the 34 rows of 2026-11-26
+# took 172 min, most beside a second run, and 6 presets were not run), per paper and then per
 # data set or split, each later match updating the earlier: few clients, so that each trains enough
 # local steps on the few samples a stand-in gives; more clients per round and more rounds where a
 # label skew leaves each client two classes, so that a round sees most classes. A flag overrides it.
@@ -69,11 +71,19 @@ def scale_for(preset: str, args) -> argparse.Namespace:
 def available(cfg: dict, args) -> int:
     """Training samples of the preset's data (its stand-in unless ``--root``): a subset is
     taken only where it is smaller."""
-    from neurofed.data import load_dataset
     from neurofed.data.standins import standin_name
 
     data = {**cfg["data"], "root": args.root} if args.root else {**cfg["data"], "name": standin_name(cfg["data"]["name"])}
-    return len(load_dataset({**data, "train_subset": None, "test_subset": None}).y_train)
+    return _train_size(json.dumps({**data, "train_subset": None, "test_subset": None}, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=None)
+def _train_size(data_json: str) -> int:
+    """Training samples of one data config: loaded once per distinct config, not once per
+    preset (many presets share a data set and its stand-in)."""
+    from neurofed.data import load_dataset
+
+    return len(load_dataset(json.loads(data_json)).y_train)
 
 
 def overrides(cfg: dict, args) -> tuple[list[str], dict]:
@@ -205,7 +215,7 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=float, help="width of the wide nets (default: SCALE, else 0.25)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per preset")
     ap.add_argument("--jobs", type=int, default=1, help="presets run at once, each on cores/jobs torch threads "
-                    "(one thread each uses 2 cores better than two threads for one run)")
+                    "(on 2 cores, two 1-thread runs gave no more throughput than one 2-thread run)")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="a further override for every preset")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--report", action="store_true", help="only rewrite README.md from results.jsonl")
