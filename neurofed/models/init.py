@@ -100,22 +100,25 @@ def calibrate_firing(model, x: torch.Tensor, rates: tuple[float, float]) -> list
                 gain = READOUT_STD / before if before > 0 else 1.0
                 for p in params:
                     p.mul_(gain)
+                out = _run(model, group, h)
                 record.append({"layer": i, "kind": layers[i].kind, "measured_at": group[-1], "gain": gain,
-                               "logit_std_before": before,
-                               "logit_std_after": float(model.readout(_run(model, group, h)).std())})
+                               "logit_std_before": before, "logit_std_after": float(model.readout(out).std())})
             elif params and layers[group[-1]].has_neurons:
                 base = [p.detach().clone() for p in params]
 
-                def rate_at(gain: float) -> float:
+                def run_at(gain: float) -> torch.Tensor:
                     for p, b in zip(params, base):
                         p.copy_(b * gain)
-                    return _rate(_run(model, group, h))
+                    return _run(model, group, h)
 
-                before = rate_at(1.0)
-                gain = 1.0 if lo <= before <= hi else _bisect_gain(rate_at, lo, hi)
+                before = _rate(run_at(1.0))
+                gain = 1.0 if lo <= before <= hi else _bisect_gain(lambda g: _rate(run_at(g)), lo, hi)
+                out = run_at(gain)  # the calibrated output is the next layer's input: run once
                 record.append({"layer": i, "kind": layers[i].kind, "measured_at": group[-1], "gain": gain,
-                               "rate_before": before, "rate_after": rate_at(gain)})
-            h = _run(model, group, h)
+                               "rate_before": before, "rate_after": _rate(out)})
+            else:
+                out = _run(model, group, h)
+            h = out
             i = group[-1] + 1
     finally:
         model.train(was_training)
