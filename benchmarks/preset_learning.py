@@ -94,12 +94,13 @@ def overrides(cfg: dict, args) -> tuple[list[str], dict]:
     data, part, fed, algo, model = cfg["data"], cfg["partition"], cfg["federation"], cfg["algorithm"], cfg["model"]
     clients = min(part["num_clients"], args.clients)
     per_round = min(args.per_round or fed["clients_per_round"], clients)
+    epochs = min(fed["local_epochs"], args.epochs)
     reduced = {"clients": f"{part['num_clients']} -> {clients}", "rounds": f"{fed['rounds']} -> {args.rounds}",
-               "local_epochs": f"{fed['local_epochs']} -> {min(fed['local_epochs'], args.epochs)}"}
+               "local_epochs": f"{fed['local_epochs']} -> {epochs}"}
     if per_round != fed["clients_per_round"]:
         reduced["per_round"] = f"{fed['clients_per_round']} -> {per_round}"
     over = [f"partition.num_clients={clients}", f"federation.rounds={args.rounds}",
-            f"federation.local_epochs={min(fed['local_epochs'], args.epochs)}",
+            f"federation.local_epochs={epochs}",
             f"federation.clients_per_round={per_round}", f"federation.threads={args.threads}",
             "export=false", "energy.enabled=false", "federation.target_accuracy=null"]
     if args.root:

@@ -277,14 +277,13 @@ def test_a_silent_preset_is_reported(tmp_path):
     assert health["ok"] is False and health["silent_at_start"], health
 
 
-def test_the_learning_benchmarks_reduced_scale_is_a_valid_config_for_every_preset():
+def test_the_learning_benchmarks_reduced_scale_is_a_valid_config_for_every_preset(monkeypatch):
     """benchmarks/preset_learning.py's SCALE patterns resolve, for every preset, to overrides
     the config validates (SFedCA's candidates between the clients per round and the clients),
     and every change of scale it makes is named in the row's 'reduced'."""
     import argparse
-    import sys
 
-    sys.path.insert(0, str(PAPERS.parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(PAPERS.parents[1] / "benchmarks"))  # undone after the test
     import preset_learning
 
     flags = argparse.Namespace(**{k: None for k in preset_learning.SCALE_KEYS}, root=None, set=None, threads=1)
