@@ -212,3 +212,134 @@ def test_block_modules_do_not_import_the_model_builder():
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert "neurofed.models.snn" not in imported, name
+
+
+# ----------------------------------------------------------------------------- batch norm, analog global pool
+
+NORMED = {"name": "resnet18", "width": 0.125, "quantize": False, "norm": "batch", "global_pool": "analog"}
+
+
+def test_batch_norm_sets_each_hidden_current_to_mean_0_std_1():
+    from neurofed.models.norm import BatchNormed, ChannelBatchNorm
+
+    model = build_model(NORMED, (3, 16, 16), 10)
+    normed = [i for i, b in enumerate(model.blocks) if isinstance(b, BatchNormed)]
+    joins = [b for b in model.blocks if isinstance(b, ResidualJoin)]
+    assert normed == [0] + [i for i, l in enumerate(model.layers) if l.options.get("residual") == "open"]
+    assert all(isinstance(j.norm, ChannelBatchNorm) for j in joins)
+    # the 1x1 conv shortcuts are normed as the authors' downsample (conv + BN); identities add spikes as they are
+    assert [isinstance(j.shortcut_norm, ChannelBatchNorm) for j in joins] == [j.shortcut is not None for j in joins]
+    assert not hasattr(model.blocks[-1], "norm")  # the readout's current is the logit
+    seen = {}
+    model.blocks[0].neuron.register_forward_pre_hook(lambda _m, args: seen.setdefault("z", args[0].detach()))
+    x = torch.rand(8, 3, 16, 16, 4) * 0.2  # too weak to fire SLAYER's init without a norm
+    with torch.no_grad():
+        model(x)
+    z = seen["z"].transpose(0, 1).reshape(model.layers[0].out, -1)
+    assert torch.allclose(z.mean(1), torch.zeros(len(z)), atol=1e-4)
+    assert torch.allclose(z.std(1, unbiased=False), torch.ones(len(z)), atol=1e-2)  # (eps 1e-5 on a small variance)
+    # a current normed on its batch does not depend on the input's scale: the stem fires the same
+    # (but for the few neurons the norm's eps moves across threshold)
+    with torch.no_grad():
+        weak = model.blocks[0](x)
+        strong = model.blocks[0](x * 5)
+    assert float(weak.sum()) > 0 and float((weak != strong).float().mean()) < 1e-3
+
+
+def test_batch_norm_parameters_are_shared_and_trained():
+    from neurofed.fl.params import ParamSpec
+
+    model = build_model(NORMED, (3, 16, 16), 10)
+    spec = ParamSpec.from_model(model)
+    norms = [n for n in spec.names if ".norm." in n or "shortcut_norm" in n]
+    assert "blocks.0.norm.weight" in norms and "blocks.0.norm.bias" in norms
+    assert not [n for n, _ in model.named_buffers() if "norm" in n]  # batch statistics: nothing else to aggregate
+    out = model(torch.rand(4, 3, 16, 16, 4))
+    F.cross_entropy(model.readout(out), torch.arange(4)).backward()
+    grads = dict(model.named_parameters())
+    assert all(grads[n].grad is not None for n in norms)
+    moved = [n for n in norms if float(grads[n].grad.abs().sum()) > 0]  # (a join silent on 4 samples may get none)
+    assert len(moved) >= 0.9 * len(norms)
+
+
+def test_analog_global_pool_passes_the_mean_of_each_step():
+    model = build_model(NORMED, (3, 16, 16), 10)
+    i = next(i for i, l in enumerate(model.layers) if l.options.get("global_pool"))
+    spikes = (torch.rand(2, model.layers[i].in_shape[0], 2, 2, 5) < 0.3).float()
+    pooled = model.blocks[i](spikes)
+    assert pooled.shape == (2, spikes.shape[1], 1, 1, 5)
+    assert torch.allclose(pooled[:, :, 0, 0], spikes.mean(dim=(2, 3)))
+    assert 0 < len(torch.unique(pooled)) and set(torch.unique(pooled).tolist()) <= {0, 0.25, 0.5, 0.75, 1.0}
+
+
+def test_normed_and_analog_models_refused_by_export_with_the_reasons():
+    from neurofed.deploy.nir_export import nir_problems
+    from neurofed.models.norm import EXPORT_REFUSAL as NORM_REFUSAL
+    from neurofed.models.snn import AnalogGlobalPool
+
+    problems = structure_problems(build_model(NORMED, (3, 16, 16), 10))
+    assert any(p.endswith(NORM_REFUSAL) for p in problems)
+    assert any(p.endswith(AnalogGlobalPool.export_refusal) for p in problems)
+    # a feed-forward net is refused for the norm alone, by netx and by NIR
+    cnn = build_model({"name": "sfedca_mnist", "width": 0.25, "norm": "batch"}, (1, 28, 28), 10)
+    assert [p.split(": ", 1)[1] for p in structure_problems(cnn)] == [NORM_REFUSAL]
+    nir = nir_problems(cnn)
+    assert nir and all(NORM_REFUSAL in p for p in nir)
+    plain = build_model({"name": "sfedca_mnist", "width": 0.25}, (1, 28, 28), 10)
+    assert structure_problems(plain) == [] and nir_problems(plain) == []
+
+
+def test_energy_prices_the_layer_after_an_analog_pool_as_macs():
+    shape = (3, 16, 16)
+    model = build_model(NORMED, shape, 10)
+    maps = measure_torch(model, torch.rand(3, *shape), RATE, seed=0)
+    rows = count_layers(model.layers, maps.input_maps, maps.output_spikes, maps.samples, maps.timesteps,
+                        skip_maps=maps.skip_maps)
+    pool, fc = rows[-2], rows[-1]
+    assert pool["kind"] == "pool" and pool["output"] == "analog" and pool["input"] == "spikes"
+    assert fc["kind"] == "dense" and fc["input"] == "analog"
+    assert fc["analog_macs"] == fc["macs"] == model.layers[-1].in_shape[0] * 10 and fc["synaptic_ops"] == 0
+    assert all(r["input"] == "spikes" for r in rows[1:-1])
+    assert pool["output_spikes"] == 0 and pool["input_spikes"] > 0  # it passes a value, not spikes
+    voltage = build_model({**NORMED, "readout": "voltage"}, shape, 10)
+    maps = measure_torch(voltage, torch.rand(3, *shape), RATE, seed=0)
+    assert maps.output_spikes[-1] == 0  # nor does a voltage readout (it counted its voltage before)
+
+
+def test_batch_norm_with_the_firing_init_refused_in_one_line():
+    from neurofed.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config("examples/digits_fedavg.yaml", ["model.norm=batch", "model.init=firing"])
+    assert "\n" not in str(err.value) and "model.init" in str(err.value) and "init slayer" in str(err.value)
+    with pytest.raises(ConfigError, match="model.global_pool: got 'mean'; allowed: spikes, analog"):
+        load_config("examples/digits_fedavg.yaml", ["model.global_pool=mean"])
+
+
+def test_normed_resnet_fits_digits_under_the_authors_sgd_where_the_plain_one_stays_at_ln10():
+    """The reason the ResNet-18 presets set model.norm: batch and model.global_pool: analog
+    (issue 31): under SFedHIFI's SGD (lr 0.1, momentum 0.9) the plain net does not move."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = F.interpolate(torch.tensor(digits.images[:32], dtype=torch.float32)[:, None] / 16, size=16)
+    x = x.repeat(1, 3, 1, 1)[..., None].repeat(1, 1, 1, 1, 4)  # direct input, T = 4
+    y = torch.tensor(digits.target[:32])
+    preset = {"name": "resnet18", "width": 0.125, "quantize": False, "readout": "voltage", "threshold": 1.0,
+              "current_decay": 1.0, "voltage_decay": 0.5, "tau_grad": 0.01, "scale_grad": 10.0,
+              "delay_shift": False, "pool": "max"}
+    losses = {}
+    for norm, pool in (("batch", "analog"), ("none", "spikes")):
+        torch.manual_seed(0)
+        model = build_model({**preset, "norm": norm, "global_pool": pool}, (3, 16, 16), 10)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(25):
+            logits = model.readout(model(x))
+            loss = F.cross_entropy(logits, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        losses[norm] = float(loss)
+        if norm == "batch":
+            assert float((logits.argmax(1) == y).float().mean()) >= 0.5
+    assert losses["batch"] < losses["none"] - 0.5, losses

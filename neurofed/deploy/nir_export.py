@@ -100,6 +100,9 @@ def nir_problems(model) -> list[str]:
                             f"shortcut (one block's delay); a NIR graph without Delay nodes would add them in the "
                             f"same step, and the simulators' NIR importers (snnTorch, Norse) do not load Delay")
             continue
+        if getattr(block, "export_refusal", None):  # a batch norm, an analog pool
+            problems.append(f"{where}: {block.export_refusal}")
+            continue
         if layer.kind not in SUPPORTED_KINDS:
             problems.append(f"{where}: no NIR mapping for this layer kind; supported: {', '.join(SUPPORTED_KINDS)}")
             continue

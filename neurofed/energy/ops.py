@@ -185,7 +185,9 @@ def count_layers(layers: list[Layer], input_maps: list, output_spikes: list[floa
     ``input_maps[i]``: layer i's input spike counts summed over ``samples`` and steps
     (shape ``in_shape``), or None where unknown; ``output_spikes[i]``: its output
     spikes summed likewise. With ``analog_input`` the first layer's input is analog
-    (priced as MACs). Layers without synapses (flatten) are left out.
+    (priced as MACs), as is the input of the layer after an analog global pool
+    (``model.global_pool: analog``), whose output is a value, not spikes: its row's
+    ``output_spikes`` is the sum of its outputs. Layers without synapses (flatten) are left out.
     """
     masks = masks or [None] * len(layers)
     skip_maps = skip_maps or [None] * len(layers)
@@ -193,6 +195,7 @@ def count_layers(layers: list[Layer], input_maps: list, output_spikes: list[floa
     first = first_synaptic(layers)
     rows = []
     skip_shape = None  # input of the open residual block (neurofed.models.residual)
+    after_analog = False  # the previous synaptic layer was an analog global pool
     for i, layer in enumerate(layers):
         if layer.options.get("residual") == "open":
             skip_shape = layer.in_shape
@@ -200,7 +203,8 @@ def count_layers(layers: list[Layer], input_maps: list, output_spikes: list[floa
             continue
         counter = _counter(layer)
         in_map = input_maps[i]
-        analog = analog_input and i == first
+        analog = (analog_input and i == first) or after_analog
+        analog_out = after_analog = layer.options.get("global_pool") == "analog"
         spikes_in = None if analog else in_map
         macs, syn_all = counter(layer, spikes_in, None)
         _, syn_eff = counter(layer, spikes_in, masks[i])
@@ -234,6 +238,7 @@ def count_layers(layers: list[Layer], input_maps: list, output_spikes: list[floa
             "in_shape": list(layer.in_shape),
             "out_shape": list(layer.out_shape),
             "input": "analog" if analog else "spikes",
+            "output": "analog" if analog_out else "spikes",
             "macs": int(macs),
             "analog_macs": int(macs) if analog else 0,
             "synaptic_ops": syn_eff / samples if in_spikes is not None else unknown,

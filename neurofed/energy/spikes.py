@@ -63,8 +63,8 @@ def measure_torch(model, x: torch.Tensor, data_cfg: dict, seed: int, y: torch.Te
             h.remove()
     for i, layer in enumerate(model.layers):
         in_sum[i] = in_sum[i].reshape(tuple(layer.in_shape))
-        if layer.kind == "flatten":
-            out_sum[i] = 0.0
+        if layer.kind == "flatten" or not getattr(model, "emits_spikes", lambda _: True)(i):
+            out_sum[i] = 0.0  # a voltage readout or an analog pool passes values, not spikes
     accuracy = float((logits.argmax(1) == y).float().mean()) if y is not None else None
     return SpikeMaps(samples=len(x), timesteps=int(data_cfg["timesteps"]), input_maps=in_sum,
                      output_spikes=out_sum, skip_maps=skip_sum, source="torch", spread="exact",

@@ -13,6 +13,8 @@ from neurofed.models import paper_nets as _paper_nets  # noqa: F401,E402  SFedCA
 MODEL_KINDS = ("snn", "ann")
 READOUTS = ("spikes", "voltage")
 POOLS = ("sum", "max", "avg")  # neurofed.models.snn.pool_neuron
+NORMS = ("none", "batch")  # neurofed.models.norm
+GLOBAL_POOLS = ("spikes", "analog")  # neurofed.models.snn.AnalogGlobalPool
 
 
 def rate_band(v):
@@ -63,6 +65,12 @@ MODEL_DEFAULTS: dict = {
     # voltage (FedSNN Eq. 7; the FedLEC authors' S-VGG9): neurofed.models.snn.SpikingNet.readout
     "readout": "spikes",
     "pool": "sum",  # sum (SLAYER's) | max (exact spike max) | avg (IF rate average): snn.pool_neuron
+    # a residual net's global average pool: spikes (an IF pool; exports) | analog (the mean
+    # passed on as a value, the authors' AdaptiveAvgPool2d; not exported): snn.AnalogGlobalPool
+    "global_pool": "spikes",
+    # none | batch (batch norm before each hidden layer's neurons, batch statistics; the
+    # SFedHIFI authors' ResNet; not exported): neurofed.models.norm
+    "norm": "none",
     # slayer: SLAYER's weights; firing: each layer rescaled on a training batch to fire within
     # init_rates (neurofed.models.init, LSUV on firing rates)
     "init": "slayer",
@@ -90,12 +98,21 @@ register_section(Section("model", MODEL_DEFAULTS, lambda: {
     "model.delay_shift": boolean,
     "model.readout": choice(READOUTS),
     "model.pool": choice(POOLS),
+    "model.global_pool": choice(GLOBAL_POOLS),
+    "model.norm": choice(NORMS),
     "model.init": choice(INIT_MODES),
     "model.init_rates": rate_band,
     "model.init_samples": number(1, integer=True),
     "model.bank_fraction": number(0, 1, lo_open=True),
     "model.group_fraction": number(0, 1, lo_open=True),
-}))
+}, cross_checks=lambda cfg: _model_cross_checks(cfg["model"])))
+
+
+def _model_cross_checks(model: dict) -> list[str]:
+    if model["norm"] == "batch" and model["init"] == "firing":
+        return ["model.init: firing rescales each layer's weights, which model.norm: batch undoes (the norm sets "
+                "each layer's current to mean 0, std 1 itself); allowed with norm batch: init slayer"]
+    return []
 
 __all__ = ["MODEL_DEFAULTS", "Layer", "ZOO", "register_topology", "topology", "build_model", "build_run_model", "model_names",
            "MODEL_KINDS"]

@@ -29,8 +29,10 @@ config validation lists the zoo).
   SpikingJelly's Spiking-ResNet18; the authors' ``spiking_resnet_flanc.py`` for CIFAR):
   64C3 stem (full width at every p), four stages of two basic blocks with 64/128/256/512·p
   channels and strides 1/2/2/2, global average pool (a SLAYER pool as large as layer4's
-  output, 4×4 for 32×32 input: the authors' ``AdaptiveAvgPool2d``), FC; their output neuron
-  spikes, as here. No batch norm (netx/Lava have none).
+  output, 4×4 for 32×32 input: the authors' ``AdaptiveAvgPool2d``; ``model.global_pool:
+  analog`` is their analog mean, :class:`neurofed.models.snn.AnalogGlobalPool`), FC; their
+  output neuron spikes, as here. Their batch norms: ``model.norm: batch``
+  (:mod:`neurofed.models.norm`; netx/Lava have none, so the default is none).
 - ``hifi_resnet18`` — the same with SFedHIFI's factorized 3×3 convolutions in every basic
   block (Eq. 4, output channels grouped as for ``hifi_cnn``; the authors' ``DecomBlock``),
   the stem and the 1×1 shortcuts plain as theirs.
@@ -79,7 +81,7 @@ def _resnet18(p: float, k: int, factorized: bool = False) -> list[Layer]:
                                       skip_channels=channels, skip_stride=s))
             channels = out
         full_prev = full
-    return layers + [Layer("pool", kernel=0, options={"global_pool": True}), Layer("flatten"),  # kernel 0: global pool
+    return layers + [Layer("pool", kernel=0, options={"global_pool": "spikes"}), Layer("flatten"),  # kernel 0: global pool
                    Layer("dense", k)]
 
 

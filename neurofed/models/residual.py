@@ -10,8 +10,9 @@ A basic block is two layers of the model's layer list:
   the identity or, where the stride or channels change, a 1×1 convolution with the stride.
 
 As the authors' block (``out = bn2(conv2(sn1(bn1(conv1(x))))) + downsample(x); sn2(out)``),
-the sum is taken on currents, before the second neuron; neurofed has no batch norm (netx
-and Lava have none). Every SLAYER block delays its spikes by one step, so the shortcut is
+the sum is taken on currents, before the second neuron; with ``model.norm: batch``
+(:mod:`neurofed.models.norm`) the 3×3 synapse's current and the 1×1 shortcut's are each
+batch-normed before the sum, as theirs (an identity shortcut adds its spikes as they are). Every SLAYER block delays its spikes by one step, so the shortcut is
 delayed by one step too, to meet the conv path in time (with ``model.delay_shift: false``
 neither is).
 
@@ -31,6 +32,7 @@ from torch import nn
 
 from neurofed.compat import slayer as _slayer
 from neurofed.models.factorized import NO_WEIGHT_NORM, FactorizedConvSynapse, bank_geometry
+from neurofed.models.norm import ChannelBatchNorm
 from neurofed.models.spec import Layer
 
 slayer = _slayer()
@@ -45,7 +47,7 @@ class ResidualJoin(nn.Module):
 
     export_refusal = EXPORT_REFUSAL
 
-    def __init__(self, neuron_params: dict, layer: Layer, syn: dict):
+    def __init__(self, neuron_params: dict, layer: Layer, syn: dict, norm: str = "none"):
         super().__init__()
         o = layer.options
         self.delay_shift = syn.get("delay_shift", True)
@@ -64,16 +66,21 @@ class ResidualJoin(nn.Module):
         self.shortcut = (slayer.synapse.Conv(skip_c, out, 1, stride=stride, **syn)
                          if stride != 1 or skip_c != out else None)
         self.neuron = slayer.neuron.cuba.Neuron(**neuron_params)
+        normed = norm == "batch"
+        self.norm = ChannelBatchNorm(out) if normed else nn.Identity()
+        self.shortcut_norm = ChannelBatchNorm(out) if normed and self.shortcut is not None else nn.Identity()
 
     def forward(self, h: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
         if self.delay_shift:
             skip = F.pad(skip[..., :-1], (1, 0))  # one step later: the conv path went through one block
-        z = self.synapse(h) + (skip if self.shortcut is None else self.shortcut(skip))
+        shortcut = skip if self.shortcut is None else self.shortcut_norm(self.shortcut(skip))
+        z = self.norm(self.synapse(h)) + shortcut
         out = self.neuron(z)
         return slayer.block.base.step_delay(self, out) if self.delay_shift else out
 
 
-def residual_join_block(layer: Layer, params: dict, syn: dict) -> ResidualJoin:
+def residual_join_block(layer: Layer, params: dict, syn: dict, norm: str = "none") -> ResidualJoin:
     """The SNN builder's entry for a layer with ``options["residual"] == "close"`` (its 3×3
-    synapse factorized when ``options["block"] == "factorized_conv"``)."""
-    return ResidualJoin(params, layer, syn)
+    synapse factorized when ``options["block"] == "factorized_conv"``; ``norm`` is
+    ``model.norm``)."""
+    return ResidualJoin(params, layer, syn, norm)

@@ -7,6 +7,7 @@ from torch import nn
 
 from neurofed.compat import slayer as _slayer
 from neurofed.models.factorized import factorized_conv_block
+from neurofed.models.norm import batch_normed
 from neurofed.models.residual import residual_join_block
 from neurofed.models.spec import Layer
 
@@ -86,6 +87,23 @@ def _pool_block(layer: Layer, params: dict, syn: dict, pool: str = "sum") -> nn.
                                   weight_scale=weight, delay_shift=syn["delay_shift"])
 
 
+class AnalogGlobalPool(nn.Module):
+    """``model.global_pool: analog``: the mean of each step's input spikes over the whole map,
+    passed on as an analog value without a neuron: the SFedHIFI authors' ``AdaptiveAvgPool2d``
+    before their fc (SpikingJelly's Spiking-ResNet). ``spikes`` (the default) is an
+    integrate-and-fire pool that fires once per k*k input spikes (``pool_neuron``'s ``avg``);
+    at T = 10 over layer4's 4x4 map a last block firing at 2 % gives it about 3 spikes, so it
+    passes almost nothing. The layer after it is priced as MACs (its input is analog) and the
+    model is not exported (no netx or NIR layer outputs an analog mean)."""
+
+    export_refusal = ("model.global_pool: analog passes the pool's mean as an analog value; netx and NIR "
+                      "layers pass spikes, so the model trains and is energy-counted but is not exported "
+                      "(model.global_pool: spikes exports)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, C, H, W, T) -> (N, C, 1, 1, T)
+        return x.mean(dim=(2, 3), keepdim=True)
+
+
 def _flatten_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
     return slayer.block.cuba.Flatten()
 
@@ -141,15 +159,23 @@ class SpikingNet(nn.Module):
         params = neuron_params(model_cfg)
         syn = _synapse_kwargs(model_cfg)
         pool = model_cfg.get("pool", "sum")
+        norm = model_cfg.get("norm", "none")
         blocks = []
         for i, layer in enumerate(layers):
             if i == len(layers) - 1 and self.readout_kind == "voltage":
                 blocks.append(_voltage_block(layer, dict(params), syn))
+            elif layer.options.get("global_pool") == "analog":
+                blocks.append(AnalogGlobalPool())
             elif _builder(layer) == "pool":  # a global pool averages (AdaptiveAvgPool2d) whatever the others do
                 kind = "avg" if layer.options.get("global_pool") and pool == "max" else pool
                 blocks.append(_pool_block(layer, dict(params), syn, kind))
+            elif _builder(layer) == "residual_join":
+                blocks.append(residual_join_block(layer, dict(params), syn, norm))
             else:
-                blocks.append(SNN_BLOCKS[_builder(layer)](layer, dict(params), syn))
+                block = SNN_BLOCKS[_builder(layer)](layer, dict(params), syn)
+                # the output layer is never normed: its current is the logit (or its spikes')
+                blocks.append(batch_normed(block) if norm == "batch" and i != len(layers) - 1
+                              and layer.kind in ("conv", "dense") else block)
         self.blocks = nn.ModuleList(blocks)
         dropout = model_cfg.get("dropout", 0.0)
         self.dropout = nn.Dropout(dropout) if dropout else None
@@ -160,6 +186,11 @@ class SpikingNet(nn.Module):
     def is_voltage_layer(self, index: int) -> bool:
         """Whether layer ``index`` is the non-spiking voltage readout (``model.readout: voltage``)."""
         return self.readout_kind == "voltage" and index == len(self.layers) - 1
+
+    def emits_spikes(self, index: int) -> bool:
+        """False for the layers whose output is a value: the voltage readout and an analog
+        global pool (their energy rows count no output spikes)."""
+        return not (self.is_voltage_layer(index) or isinstance(self.blocks[index], AnalogGlobalPool))
 
     def run_block(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """Block ``index`` on ``x`` (a residual block's skip input is kept between calls)."""

@@ -1,0 +1,96 @@
+"""Batch norm between a SLAYER block's synapse and its neuron (``model.norm: batch``).
+
+The SFedHIFI authors' Spiking-ResNet18 (``spiking_resnet_flanc.py``) normalizes every
+convolution's output before its spiking neuron (``sn1(bn1(conv1(x)))``, and ``bn2`` and the
+1×1 shortcut's BN before the sum of a basic block). SpikingJelly runs those BNs on the
+time-flattened tensor, so each channel's statistics are taken over the batch, the map and
+all T steps: here ``F.batch_norm`` on SLAYER's (N, C, ..., T) layout does exactly that.
+
+Statistics: those of the batch at hand, in training and evaluation alike (no running
+means: ``track_running_stats=False``, HeteroFL's "static batch norm" (Diao et al. 2021,
+ICLR, §3), which the width-heterogeneous FL code SFedHIFI builds on (FLANC) uses). A model
+then has no buffers to aggregate: the affine scale and shift are trainable parameters and
+the server averages them as any other (within a width, for SFedHIFI). Evaluation results
+depend a little on the batch (neurofed evaluates in batches of 256).
+
+Without the norm, SLAYER's ResNet-18 does not learn (measured on the CIFAR-10 stand-in at
+width 0.125, one model fitting one batch of 64: 30 % after 60 Adam steps, vs 72 % with the
+norm and 98 % with the norm and the analog global pool; the S-VGG9, which has no residual
+path, fits it in 40). netx and Lava have no batch norm with batch statistics, so a normed
+model is not exported (:data:`EXPORT_REFUSAL`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neurofed.compat import slayer as _slayer
+from neurofed.models.factorized import FactorizedConv
+
+slayer = _slayer()
+
+EXPORT_REFUSAL = ("model.norm: batch normalizes each layer with the statistics of the batch it runs on; "
+                  "netx, Lava and NIR have no such layer, so the model trains and is energy-counted but is not exported")
+
+
+class ChannelBatchNorm(nn.Module):
+    """Per-channel batch norm of an (N, C, ..., T) tensor over every axis but C, with the
+    batch's statistics always; affine scale 1 and shift 0 at the start (PyTorch's)."""
+
+    def __init__(self, channels: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+        self.eps = eps
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return F.batch_norm(z, None, None, self.weight, self.bias, training=True, eps=self.eps)
+
+
+class BatchNormed:
+    """Mixin before a SLAYER block class: its ``forward`` (``base.AbstractConv``'s and
+    ``AbstractDense``'s: synapse, neuron, one-step delay) with ``self.norm`` between the
+    synapse and the neuron. The neuron itself is untouched, so it keeps neurofed's fused
+    kernel (:mod:`neurofed.kernels`)."""
+
+    export_refusal = EXPORT_REFUSAL
+    exports_as_base = False  # a factorized conv exports as a plain conv; normed, it does not
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.neuron(self.norm(self.synapse(x)))
+        if self.delay_shift is True:
+            x = slayer.block.base.step_delay(self, x)
+        if self.delay is not None:
+            x = self.delay(x)
+        return (x, torch.mean(x > 0)) if self.count_log is True else x
+
+
+class BatchNormedConv(BatchNormed, slayer.block.cuba.Conv):
+    pass
+
+
+class BatchNormedFactorizedConv(BatchNormed, FactorizedConv):
+    pass
+
+
+class BatchNormedDense(BatchNormed, slayer.block.cuba.Dense):
+    pass
+
+
+# Module-level classes (not made on the fly), so that normed models pickle across processes.
+NORMED = {slayer.block.cuba.Conv: BatchNormedConv, FactorizedConv: BatchNormedFactorizedConv,
+          slayer.block.cuba.Dense: BatchNormedDense}
+
+
+def batch_normed(block: nn.Module) -> nn.Module:
+    """``block`` (a SLAYER CUBA Conv or Dense, or a factorized conv) with a
+    :class:`ChannelBatchNorm` before its neuron; its parameters keep their names."""
+    try:
+        block.__class__ = NORMED[type(block)]
+    except KeyError:
+        raise ValueError(f"model.norm: batch: no normed form of {type(block).__name__}; "
+                         f"known: {', '.join(c.__name__ for c in NORMED)}") from None
+    block.norm = ChannelBatchNorm(block.synapse.out_channels)
+    return block
