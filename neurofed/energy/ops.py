@@ -186,8 +186,8 @@ def count_layers(layers: list[Layer], input_maps: list, output_spikes: list[floa
     (shape ``in_shape``), or None where unknown; ``output_spikes[i]``: its output
     spikes summed likewise. With ``analog_input`` the first layer's input is analog
     (priced as MACs), as is the input of the layer after an analog global pool
-    (``model.global_pool: analog``), whose output is a value, not spikes: its row's
-    ``output_spikes`` is the sum of its outputs. Layers without synapses (flatten) are left out.
+    (``model.global_pool: analog``), whose output is a value, not spikes (its row's
+    ``output`` says so). Layers without synapses (flatten) are left out.
     """
     masks = masks or [None] * len(layers)
     skip_maps = skip_maps or [None] * len(layers)

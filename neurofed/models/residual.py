@@ -12,9 +12,9 @@ A basic block is two layers of the model's layer list:
 As the authors' block (``out = bn2(conv2(sn1(bn1(conv1(x))))) + downsample(x); sn2(out)``),
 the sum is taken on currents, before the second neuron; with ``model.norm: batch``
 (:mod:`neurofed.models.norm`) the 3×3 synapse's current and the 1×1 shortcut's are each
-batch-normed before the sum, as theirs (an identity shortcut adds its spikes as they are). Every SLAYER block delays its spikes by one step, so the shortcut is
-delayed by one step too, to meet the conv path in time (with ``model.delay_shift: false``
-neither is).
+batch-normed before the sum, as theirs (an identity shortcut adds its spikes as they are).
+Every SLAYER block delays its spikes by one step, so the shortcut is delayed by one step
+too, to meet the conv path in time (with ``model.delay_shift: false`` neither is).
 
 Netx loads feed-forward chains only: :attr:`ResidualJoin.export_refusal` is the reason
 ``neurofed export`` gives. The energy module counts the 3×3 synapse as any conv layer and

@@ -123,10 +123,11 @@ def _voltage_block(layer: Layer, params: dict, syn: dict) -> nn.Module:
     return slayer.block.cuba.Affine({**params, **VOLTAGE_NEURON}, layer.in_shape[0], layer.out, **syn)
 
 
-# Keyed by Layer.kind, or by Layer.options["block"] when a layer names its builder. The
-# block modules import SLAYER from neurofed.compat, never this module (no import circle).
+# Keyed by Layer.kind, or by Layer.options["block"] when a layer names its builder (a
+# residual join is built by SpikingNet itself: it takes model.norm). The block modules
+# import SLAYER from neurofed.compat, never this module (no import circle).
 SNN_BLOCKS = {"conv": _conv_block, "pool": _pool_block, "flatten": _flatten_block, "dense": _dense_block,
-              "factorized_conv": factorized_conv_block, "residual_join": residual_join_block}
+              "factorized_conv": factorized_conv_block}
 
 
 def _builder(layer: Layer) -> str:
