@@ -11,7 +11,9 @@ means: ``track_running_stats=False``, HeteroFL's "static batch norm" (Diao et al
 ICLR, §3), which the width-heterogeneous FL code SFedHIFI builds on (FLANC) uses). A model
 then has no buffers to aggregate: the affine scale and shift are trainable parameters and
 the server averages them as any other (within a width, for SFedHIFI). Evaluation results
-depend a little on the batch (neurofed evaluates in batches of 256).
+depend a little on the batch: neurofed evaluates in batches of 256 in the file's order, which
+is mixed in the published test files and the stand-ins (a test set sorted by class would
+give each batch one class's statistics).
 
 Without the norm, SLAYER's ResNet-18 does not learn (measured on the CIFAR-10 stand-in at
 width 0.125, one model fitting one batch of 64: 30 % after 60 Adam steps, vs 72 % with the
