@@ -8,7 +8,8 @@ all T steps: here ``F.batch_norm`` on SLAYER's (N, C, ..., T) layout does exactl
 
 Statistics: those of the batch at hand, in training and evaluation alike (no running
 means: ``track_running_stats=False``, HeteroFL's "static batch norm" (Diao et al. 2021,
-ICLR, §3), which the width-heterogeneous FL code SFedHIFI builds on (FLANC) uses). A model
+ICLR, §3) for models of several widths; whether the authors' code tracks running means was
+not checked: their files are not at hand). A model
 then has no buffers to aggregate: the affine scale and shift are trainable parameters and
 the server averages them as any other (within a width, for SFedHIFI). Evaluation results
 depend a little on the batch: neurofed evaluates in batches of 256 in the file's order, which
