@@ -39,7 +39,7 @@ WIDE = {"svgg9", "sfedca_alexnet", "hifi_resnet18", "resnet18"}  # reduced in wi
 
 
 # The reduced scale (aimed at a whole table of about an hour on 2 cores; the 40 rows of 2026-11-26
-# took 229 min, many beside a second run), per paper and then per
+# took 331 min, the six ResNet-18 rows 147 of them, many beside a second run), per paper and then per
 # data set or split, each later match updating the earlier: few clients, so that each trains enough
 # local steps on the few samples a stand-in gives; more clients per round and more rounds where a
 # label skew leaves each client two classes, so that a round sees most classes. A flag overrides it.

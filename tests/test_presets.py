@@ -172,8 +172,8 @@ def _split(partition: dict) -> tuple:
 # the paper's presets set, with the preset's own settings for that column.
 MAIN_TABLES = {"fedsnn": "fedsnn_table1", "fedlec": "fedlec_table1", "sfedca": "sfedca_table2",
                "sfedhifi": "sfedhifi_table1"}
-COLUMN_KEYS = {"fedsnn": [], "fedlec": [], "sfedca": [("model", "name"), ("federation", "optimizer"), ("federation", "lr"),
-                                                      ("federation", "local_epochs"),
+COLUMN_KEYS = {"fedsnn": [], "fedlec": [], "sfedca": [("model", "name"), ("federation", "optimizer"),
+                                                      ("federation", "lr"), ("federation", "local_epochs"),
                                                       ("federation", "target_accuracy")],
                "sfedhifi": [("model", "name"), ("federation", "rounds"), ("federation", "lr"),
                             ("federation", "lr_milestones"), ("algorithm", "orth_lambda"),
