@@ -50,7 +50,7 @@ SCALE = [
     ("fedlec_*_cnum*", {"rounds": 20}),  # label skew: (#cnum, Dir) rises about 1.5 points a round
     ("fedlec_*_dir*", {"rounds": 20}),
     # Dir(0.05) over 10 clients leaves a 10-class stand-in about one class a client (135 samples, 15
-    # Adam steps a round): FedLEC stayed at 10-18 % in 20 rounds and FedAvg at 10-23 % in 30; over 5
+    # Adam steps a round): FedLEC stayed at 10-18 % in 20 rounds, FedAvg at 10-23 % in 30 (H100); over 5
     # clients (all in each round) each holds 3 to 6 labels, 2 to 4 of them 5 % or more of its samples
     ("fedlec_*_dir005", {"clients": 5}),
     # 100 classes: 5,000 samples, long local training; under Dir(0.05) each of 10 clients holds 20-64 labels
