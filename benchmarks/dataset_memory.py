@@ -7,7 +7,7 @@ the registry (``data.name: cifar10``). Each measurement runs in its own process:
 
 1. the first load (decodes the files into the uint8 cache) and a second load in a
    fresh process (memory-maps the cache);
-2. neurofed: an :class:`~neurofed.fl.runner.Experiment` with 10 and with 100 IID
+2. neurofed: an :class:`~neurofed.fl.experiment.Experiment` with 10 and with 100 IID
    clients; every client's shard is materialised once, as a round does
    (``client_data``), and the process's RSS is read afterwards: the training images
    are one uint8 memory map (150 MB) shared by all clients, whatever their number;
@@ -88,7 +88,7 @@ print(json.dumps({{'seconds': sec, 'x_train': [list(ds.x_train.shape), str(ds.x_
 NEUROFED = """
 import torch
 from neurofed.config import load_config
-from neurofed.fl.runner import Experiment
+from neurofed.fl.experiment import Experiment
 cfg = load_config(None, ['data.name=cifar10', 'data.root={data}', 'data.timesteps=8',
                          'partition.num_clients={clients}', 'federation.clients_per_round=2',
                          'federation.threads=1', 'export=false'])
@@ -115,7 +115,7 @@ import numpy as np, torch
 from neurofed.config import load_config
 from neurofed.data.partition import partition
 from neurofed.data import load_dataset
-from neurofed.fl.seeds import rng_for
+from neurofed.seeds import rng_for
 ds = load_dataset({{'name': 'cifar10', 'root': {data!r}}})
 parts = partition(ds.y_train, 10, {{'scheme': 'iid', 'num_clients': {clients}}}, rng_for(0, 'partition'))
 base = rss()

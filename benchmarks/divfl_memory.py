@@ -40,8 +40,8 @@ GB = 1e9
 DRIVER = r"""
 import json, resource, sys, time, tracemalloc, importlib.util
 import numpy as np
-from neurofed.algorithms.base import FitResult
-from neurofed.fl.params import ParamSpec
+from neurofed.algorithms.base import FitResult, ServerContext
+from neurofed.training.params import ParamSpec
 
 path, n, p, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 spec_ = importlib.util.spec_from_file_location("divfl_under_test", path)
@@ -51,7 +51,7 @@ cfg = {"seed": 0, "federation": {"clients_per_round": k}, "algorithm": {"name": 
 rng = np.random.default_rng(0)
 tracemalloc.start()
 t0 = time.perf_counter()
-server = mod.DivFLServer(cfg, ParamSpec(("w",), ((p,),)), np.zeros(p, np.float32), num_clients=n)
+server = mod.DivFLServer(cfg, ParamSpec(("w",), ((p,),)), np.zeros(p, np.float32), ServerContext(n))
 # updates around 10 directions (client c near direction c % 10), so that the greedy picks are
 # well separated and both servers must make the same ones
 centres = rng.standard_normal((10, p), dtype=np.float32)

@@ -3,7 +3,7 @@
 The same config (``examples/digits_fedavg.yaml``, 3 clients, all 3 per round, one
 torch thread each, export and energy off) run three ways, per round:
 
-* ``inprocess``: :func:`neurofed.fl.runner.run` (the clients train one after another);
+* ``inprocess``: :func:`neurofed.pipeline.run` (the clients train one after another);
 * ``simulation``: Flower's simulation engine (``run_simulation``, one Ray actor, in a
   fresh process; the per-round times exclude Ray's start);
 * ``deployment``: the README's deployment recipe on loopback
@@ -88,7 +88,7 @@ def env() -> dict:
 # ----------------------------------------------------------------------------- the runs
 def run_inprocess(work: Path, sets: list[str]) -> list[dict]:
     from neurofed.config import load_config
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     out = work / "inprocess"
     run(load_config(ROOT / EXAMPLE, sets), out, progress=False, after=False)
@@ -166,7 +166,7 @@ def serialisation_seconds(sets: list[str]) -> tuple[float, int]:
     from flwr.app import RecordDict
     from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
     from neurofed.flower.records import from_arrays, to_arrays
     from neurofed.flower.settings import experiment_config
 

@@ -16,7 +16,7 @@ Three measurements on ``--device`` (default ``cuda``):
    *stock*: the model's SLAYER blocks driven by a plain loop, its input spikes encoded
    beforehand and copied to the device per batch (a DataLoader's work), and again with
    the batches already on the device (the compute alone);
-   *neurofed*: :func:`neurofed.fl.train.train_local` on a client shard of images
+   *neurofed*: :func:`neurofed.training.local.train_local` on a client shard of images
    (Poisson encoding on the CPU per batch — on a GPU in a helper thread, up to two
    batches ahead — the copy, the hooks) with neurofed's kernels: on CUDA the fused
    Triton CUBA neuron (``--gpu-kernels``, default auto: where Triton imports; false:
@@ -28,7 +28,7 @@ Three measurements on ``--device`` (default ``cuda``):
    S-VGG9, rate coding, T=20, 100 clients, 10 per round, 5 local epochs, batch 32, SGD
    lr 0.1 momentum 0.95) on a CIFAR-shaped stand-in: random uint8 images generated in
    memory and registered as a neurofed dataset (``cifar10_standin``), so the real
-   runner (:class:`neurofed.fl.runner.Experiment`) runs it. Time per round split into
+   runner (:class:`neurofed.fl.experiment.Experiment`) runs it. Time per round split into
    train / aggregate / evaluate (round 1 includes CUDA's warm-up; round 2 does not),
    and the parameter copy to and from the device per client.
 
@@ -252,7 +252,7 @@ def compare_spikes(name: str, device: torch.device, timesteps: int | None, n: in
 def stock_steps(model, batches, device, fed_cfg: dict) -> float:
     """Seconds for a plain SLAYER training loop over ``batches`` (spike tensors), with
     the config's optimizer (Adam for digits, SGD + momentum for FedSNN)."""
-    from neurofed.fl.train import make_optimizer
+    from neurofed.training.local import make_optimizer
 
     from neurofed import kernels
 
@@ -281,8 +281,8 @@ def _stock_loop(blocks, batches, device, opt, logit_scale) -> float:
 def neurofed_steps(model, x, y, cfg, device) -> float:
     """Seconds for :func:`train_local` over the shard (x, y), one epoch."""
     from neurofed.algorithms.base import Client
-    from neurofed.fl.params import ParamSpec
-    from neurofed.fl.train import train_local
+    from neurofed.training.params import ParamSpec
+    from neurofed.training.local import train_local
 
     hooks = Client(cfg, ParamSpec.from_model(model), lambda: model)
     with neurons(gpu_kernels_on(cfg["federation"].get("gpu_kernels", False))):
@@ -363,7 +363,7 @@ def register_standin(n_train: int, n_test: int) -> None:
 
 def fedavg_round(args, device: torch.device, rep: Report) -> dict:
     """One FedAvg round (two: the first warms up) of the FedSNN CIFAR-10 preset on the stand-in."""
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
 
     over = [("federation.device", str(device)), ("federation.gpu_kernels", args.gpu_kernels)]
     if args.small:

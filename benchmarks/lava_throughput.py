@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     from neurofed.data import load_dataset
     from neurofed.deploy.export import export_model, load_global_model
     from neurofed.deploy.lava_run import input_spikes, simulate
-    from neurofed.fl.seeds import seed_for
+    from neurofed.seeds import seed_for
     from neurofed.models import build_model
 
     report = Report()

@@ -31,7 +31,7 @@ import dataset_files  # noqa: E402
 import torch  # noqa: E402
 
 from neurofed.config import load_config  # noqa: E402
-from neurofed.fl.runner import Experiment  # noqa: E402
+from neurofed.fl.experiment import Experiment  # noqa: E402
 
 # Published train / test sizes (the datasets' own documentation).
 SIZES = {"mnist": (60_000, 10_000), "fashion_mnist": (60_000, 10_000), "cifar10": (50_000, 10_000),

@@ -1,7 +1,7 @@
 """Where a federated round's time and memory go: train / aggregate / evaluate.
 
 Runs real FedAvg rounds of ``examples/digits_fedavg.yaml`` (export and Lava off)
-through :func:`neurofed.fl.runner.run`, and per round prints
+through :func:`neurofed.pipeline.run`, and per round prints
 
 * the split of the round's wall time into local training, aggregation and the
   evaluation of the global model, as the runner logs them in ``metrics.jsonl``
@@ -137,7 +137,9 @@ def peak_rss_mb() -> float:
 # ----------------------------------------------------------------------------- one profiled run
 def profiled_run(cfg: dict, out: str) -> dict:
     """Run ``cfg`` with the in-process runner; count client fits and evaluations per round."""
-    import neurofed.fl.runner as runner
+    import neurofed.fl.evaluation as evaluation
+    from neurofed.fl.experiment import Experiment
+    from neurofed.pipeline import run
 
     fits: dict[int, list[int]] = {}
     evals: dict[int, list[tuple[bool, int]]] = {}
@@ -145,7 +147,7 @@ def profiled_run(cfg: dict, out: str) -> dict:
     starts: list[float] = []
     holder = {}
 
-    class Profiled(runner.Experiment):
+    class Profiled(Experiment):
         def __init__(self, cfg):
             super().__init__(cfg)
             holder["exp"] = self
@@ -164,20 +166,20 @@ def profiled_run(cfg: dict, out: str) -> dict:
             kept[rnd] = self.last_results
             return record
 
-    evaluate = runner.evaluate
+    evaluate = evaluation.evaluate
 
     def counted_evaluate(model, x, y, cfg, seed):
         exp = holder["exp"]
         evals.setdefault(exp.current_round, []).append((x is exp.x_test, len(x)))
         return evaluate(model, x, y, cfg, seed)
 
-    runner.evaluate = counted_evaluate
+    evaluation.evaluate = counted_evaluate
     try:
         t0 = time.perf_counter()
-        summary = runner.run(cfg, out, progress=False, after=False, experiment=Profiled)
+        summary = run(cfg, out, progress=False, after=False, experiment=Profiled)
         total = time.perf_counter() - t0
     finally:
-        runner.evaluate = evaluate
+        evaluation.evaluate = evaluate
     with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as fh:
         records = [json.loads(line) for line in fh if line.strip()]
     # time from one round's start to the next: the round plus its checkpoint and log line
@@ -201,7 +203,7 @@ def main(argv=None) -> int:
 
     from neurofed.algorithms.base import FitResult
     from neurofed.config import load_config
-    from neurofed.fl.params import ParamSpec
+    from neurofed.training.params import ParamSpec
     from neurofed.models import build_model
 
     report = Report()
@@ -300,7 +302,8 @@ def main(argv=None) -> int:
         rng = np.random.default_rng(0)
         fake = [FitResult(c, rng.standard_normal(big_spec.size, dtype=np.float32), int(n))
                 for c, n in enumerate(rng.integers(100, 200, fed["clients_per_round"]))]
-        big_server = exp.algorithm.Server(cfg, big_spec, np.zeros(big_spec.size, np.float32), len(exp.parts))
+        big_server = exp.algorithm.Server(cfg, big_spec, np.zeros(big_spec.size, np.float32),
+                                            exp.server.context)
         agg_big = compare_aggregation(big_server, big_spec, fake, max(3, args.repeat // 20))
         emit(f"aggregation at S-VGG9 size ({agg_big['params']} parameters in {len(big_spec.names)} tensors, "
              f"{agg_big['clients']} clients):")

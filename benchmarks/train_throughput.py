@@ -133,7 +133,7 @@ def worker(conn, mode: str, name: str, batch: int, T: int, nbatches: int, thread
 
         info["fast_enabled"] = kernels.enable(gradients="fast" if mode == "fast-grad" else "exact")
         info["variant"] = kernels.variant()
-    from neurofed.fl.train import make_optimizer  # the clients' optimizer (no kernels import)
+    from neurofed.training.local import make_optimizer  # the clients' optimizer (no kernels import)
 
     torch.manual_seed(0)
     net = build_net(name)

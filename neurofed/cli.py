@@ -37,8 +37,7 @@ def default_run_dir(config_path: str, cfg: dict) -> Path:
 
 def cmd_run(args) -> int:
     from neurofed.config import load_config
-    from neurofed.fl.runner import run
-    from neurofed.pipeline import failed_steps
+    from neurofed.pipeline import failed_steps, run
 
     cfg = load_config(args.config, args.overrides)
     out = Path(args.out) if args.out else default_run_dir(args.config, cfg)
@@ -63,7 +62,7 @@ def cmd_partition(args) -> int:
     from neurofed.config import load_config
     from neurofed.data import load_dataset
     from neurofed.data.partition import describe, label_counts, partition, plot_heatmap
-    from neurofed.fl.seeds import rng_for
+    from neurofed.seeds import rng_for
 
     cfg = load_config(args.config, args.overrides)
     ds = load_dataset(cfg["data"], cfg["seed"])

@@ -1,4 +1,5 @@
-"""What happens after training, in order: export to netx, Lava run, energy report.
+"""The orchestrator of a run: training (:func:`neurofed.fl.runner.train`), then the
+steps after it, in order: export to netx, Lava run, energy report.
 
 :func:`plan_steps` decides before training which steps run: a step known not to apply
 (a residual net cannot be exported; direct input has no Lava input path) is refused
@@ -13,10 +14,36 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Callable
+
+from neurofed.fl.experiment import Experiment
+from neurofed.fl.runner import train
+from neurofed.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 STEP_FAILED = "failed"
+
+
+def run(cfg: dict, out: str | Path, resume: bool = False, progress: bool = True, after: bool = True,
+        experiment: Callable[[dict], Experiment] = Experiment) -> dict:
+    """Run (or resume) the experiment in ``out`` and, with ``after``, the steps after
+    training; return the summary dict (:func:`neurofed.fl.runner.train`)."""
+    return train(cfg, out, resume, progress, experiment, PostTraining(cfg) if after else None)
+
+
+class PostTraining:
+    """The steps after training of one run (:class:`neurofed.fl.runner.AfterTraining`)."""
+
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.planned: tuple[list, dict] | None = None
+
+    def plan(self, exp) -> None:
+        self.planned = plan_steps(self.cfg, exp)
+
+    def run(self, run_dir: RunDir, exp, summary: dict) -> dict:
+        return after_training(run_dir.path, self.cfg, exp, summary, self.planned)
 
 
 def plan_steps(cfg: dict, exp) -> tuple[list, dict]:
@@ -49,7 +76,7 @@ def plan_steps(cfg: dict, exp) -> tuple[list, dict]:
                                 cfg["lava"]["samples"], exc)
     if cfg.get("energy", {}).get("enabled"):
         steps.append(("energy", _energy))
-        if hasattr(getattr(exp, "server", None), "global_models") and snn:
+        if snn and exp.server.global_models() is not None:
             steps.append(("energy per model", _energy_per_model))
     return steps, records
 
@@ -107,15 +134,15 @@ def _energy_per_model(out: Path, cfg: dict, exp) -> None:
     ``energy_per_<models_by>.json``."""
     import json
 
-    from neurofed.energy.ops import synapse_masks
     from neurofed.energy.profiles import load_profiles
     from neurofed.energy.report import compute_energy
     from neurofed.energy.spikes import measure_torch
-    from neurofed.fl.params import ParamSpec
-    from neurofed.fl.seeds import seed_for
+    from neurofed.models.opcounts import synapse_masks
+    from neurofed.training.params import ParamSpec
+    from neurofed.seeds import seed_for
 
     profiles = load_profiles(cfg["energy"]["profiles"])
-    by = getattr(exp.server, "models_by", "model")
+    by = exp.server.models_by
     rows = {}
     for label, (model_cfg, flat) in exp.server.global_models().items():
         model = exp.model_for(model_cfg)

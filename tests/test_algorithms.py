@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from neurofed.algorithms import algorithm_names, get_algorithm_class
-from neurofed.algorithms.base import Client, FitResult, weighted_average
+from neurofed.algorithms.base import Client, FitResult, ServerContext, weighted_average
 from neurofed.algorithms.fedlc import calibrated_logits
 from neurofed.algorithms.fedlec import (aggregate_through_time, all_labels_kl, calibrated_ce, eq8_held_loss, eq8_loss,
                                        label_prior, missing_and_rest_kl,
@@ -23,14 +23,14 @@ from neurofed.algorithms.fednova import effective_steps
 from neurofed.algorithms.fedrs import restricted_logits
 from neurofed.algorithms.scaffold import C_KEY
 from neurofed.config import ConfigError, load_config
-from neurofed.fl.params import ParamSpec
-from neurofed.runfiles import load_state
+from neurofed.training.params import ParamSpec
+from neurofed.rundir import load_state
 
 LABEL_SKEW = ("fedprox", "scaffold", "fednova", "fedlc", "fedrs", "fedlec")
 
 
 def one_round(cfg):
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
 
     exp = Experiment(cfg)
     exp.record = exp.run_round(1)
@@ -106,7 +106,7 @@ def test_fedprox_with_mu_zero_is_fedavg(tiny_cfg):
 
 
 def test_fedprox_adds_half_mu_squared_distance(tiny_cfg):
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
 
     exp = Experiment(tiny_cfg(**{"algorithm.name": "fedprox", "algorithm.mu": 0.3}))
     client, spec = exp.client, exp.spec
@@ -140,7 +140,7 @@ def test_fednova_normalizes_by_effective_steps():
 
     spec = ParamSpec(("w",), ((2,),))
     x = np.array([1.0, 1.0], np.float32)
-    server = FedNovaServer({"federation": {}}, spec, x, 2)
+    server = FedNovaServer({"federation": {}}, spec, x, ServerContext(2))
     # Client 0: 1 step moving by (1, 0); client 1: 3 steps moving by (0, 3); n = 1 : 3.
     r = [FitResult(0, x - [1, 0], 1, {"fednova_a": 1.0}), FitResult(1, x - [0, 3], 3, {"fednova_a": 3.0})]
     metrics = server.aggregate(1, r)
@@ -201,7 +201,7 @@ def test_scaffold_first_round_is_fedavg_then_variates_follow_option_ii(tiny_cfg)
 def test_scaffold_server_variate_stays_the_mean_of_client_variates(tiny_cfg):
     # c starts at 0 and gains Δc_i / N whenever client i adds Δc_i to its c_i, so
     # c = (1/N) Σ_i c_i over all N clients — with each round's decayed η_l on both sides.
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
 
     exp = Experiment(tiny_cfg(**{"algorithm.name": "scaffold", "partition.scheme": "cnum",
                                  "federation.lr_decay": 0.5}))
@@ -220,7 +220,8 @@ def test_scaffold_global_lr_scales_the_step(tiny_cfg):
 
 
 def test_scaffold_resume_is_exact(tiny_cfg, tmp_path):
-    from neurofed.fl.runner import CHECKPOINT, run
+    from neurofed.pipeline import run
+    from neurofed.rundir import CHECKPOINT
 
     cfg = tiny_cfg(**{"algorithm.name": "scaffold", "federation.rounds": 3, "partition.scheme": "cnum"})
     run(cfg, tmp_path / "full", progress=False, after=False)
@@ -414,7 +415,7 @@ def test_param_spec_reads_declared_time_axes_and_fedlec_server_uses_them():
     spec = ParamSpec.from_model(PerStep())
     assert spec.time_axes == (("threshold", 0),)
     assert ParamSpec.from_model(torch.nn.Linear(2, 2)).time_axes == ()
-    server = FedLECServer({"federation": {}}, spec, np.zeros(spec.size, np.float32), 2)
+    server = FedLECServer({"federation": {}}, spec, np.zeros(spec.size, np.float32), ServerContext(2))
     y = np.concatenate([[1, 1], np.arange(8)]).astype(np.float32)
     server.aggregate(1, [FitResult(0, y, 5, {}), FitResult(1, y, 5, {})])
     steps = np.arange(8).reshape(4, 2)
@@ -434,7 +435,7 @@ def test_divfl_selects_from_gram_rows_without_a_float64_copy_of_its_table(monkey
     rng = np.random.default_rng(0)
     ups = rng.standard_normal((n, p), dtype=np.float32) * np.arange(1, n + 1, dtype=np.float32)[:, None]
     cfg = {"seed": 0, "federation": {"clients_per_round": 3}, "algorithm": {"name": "divfl"}}
-    server = divfl.DivFLServer(cfg, ParamSpec(("w",), ((p,),)), np.zeros(p, np.float32), num_clients=n)
+    server = divfl.DivFLServer(cfg, ParamSpec(("w",), ((p,),)), np.zeros(p, np.float32), ServerContext(n))
     server.aggregate(1, [FitResult(c, ups[c], 10, {}) for c in range(n)])
     # the kept Gram rows give the distances of the whole float64 table (the former computation)
     u = ups.astype(np.float64)
@@ -494,7 +495,7 @@ def test_laplace_noise_is_added_to_the_upload_of_any_algorithm(tiny_cfg, name):
 
 def test_update_noise_is_relative_to_each_tensor_s_mean_update_by_default():
     # FedSNN Fig. 8b (authors' code): noise_t = N(0,1) · s · mean|Δ_t| per tensor.
-    from neurofed.fl.seeds import seed_for
+    from neurofed.seeds import seed_for
 
     spec = ParamSpec(("a", "b"), ((2,), (2,)))
     glob = np.array([1.0, 1.0, 0.0, 0.0], np.float32)
@@ -516,7 +517,8 @@ def test_update_noise_is_relative_to_each_tensor_s_mean_update_by_default():
 
 def test_step_lr_schedule_multiplies_by_gamma_after_each_milestone(tiny_cfg):
     # FedSNN Sec. IV-A: "reduced by a factor of 5 after 40, 60, and 80 epochs".
-    from neurofed.algorithms.base import Server, round_lr
+    from neurofed.algorithms.base import Server, ServerContext
+    from neurofed.algorithms.policies import round_lr
 
     fed = {"lr": 0.1, "lr_milestones": [40, 60, 80], "lr_gamma": 0.2}
     assert [round_lr(fed, r) for r in (1, 40)] == [0.1, 0.1]
@@ -525,7 +527,7 @@ def test_step_lr_schedule_multiplies_by_gamma_after_each_milestone(tiny_cfg):
     assert round_lr(fed, 100) == pytest.approx(0.1 / 125)
     assert round_lr({**fed, "lr_decay": 0.5}, 41) == pytest.approx(0.02 * 0.5 ** 40)
     cfg = tiny_cfg(**{"federation.lr": 0.1, "federation.lr_milestones": "[1]", "federation.lr_gamma": 0.2})
-    server = Server(cfg, ParamSpec(("w",), ((1,),)), np.zeros(1), 4)
+    server = Server(cfg, ParamSpec(("w",), ((1,),)), np.zeros(1), ServerContext(4))
     assert "lr" not in server.client_config(1, 0)  # round 1 trains at federation.lr
     assert server.client_config(2, 0)["lr"] == pytest.approx(0.02)
     with pytest.raises(ConfigError, match="federation.lr_milestones"):

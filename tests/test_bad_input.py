@@ -119,7 +119,7 @@ def test_big_configs_are_refused_and_errors_are_capped(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished 2-round run, written by the command line."""
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     out = tmp_path_factory.mktemp("run") / "r"
     run(load_config(None, tiny_overrides(**{"federation.privacy_noise": "seeded_not_private"})), out,
@@ -159,7 +159,7 @@ def test_no_file_of_an_existing_run_is_overwritten(run_dir, tmp_path, capsys):
 def test_a_half_written_metrics_line_is_recovered(run_dir, tmp_path, capsys):
     """A kill mid-write of round 3's line: --resume drops the half line (the checkpoint is
     at round 2) and ends exactly where the uninterrupted run does."""
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     cfg = load_config(run_dir / "config.yaml", ["federation.rounds=3"])
     whole = run(cfg, tmp_path / "whole", progress=False, after=False)
@@ -200,7 +200,7 @@ def test_out_that_is_a_file_is_one_line(tmp_path, capsys, where):
 
 
 def test_a_checkpoint_that_does_not_fit_the_model_is_one_line(run_dir, capsys):
-    from neurofed.runfiles import load_state, save_state
+    from neurofed.rundir import load_state, save_state
 
     state = load_state(run_dir / "checkpoint.npz", "checkpoint")
     state["server"]["params"] = state["server"]["params"][:-7]  # save_state recomputes the digest

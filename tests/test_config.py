@@ -77,7 +77,8 @@ def test_cli_bad_key_exit_code_2_one_line_and_nothing_lost(tmp_path):
 
 
 def test_existing_run_dir_is_not_overwritten(tmp_path, tiny_cfg):
-    from neurofed.fl.runner import RunDirError, run
+    from neurofed.fl.resume import RunDirError
+    from neurofed.pipeline import run
 
     cfg = tiny_cfg(**{"federation.rounds": 1})
     run(cfg, tmp_path, progress=False)

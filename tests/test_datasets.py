@@ -17,7 +17,7 @@ import torch
 from dataset_files import (dated_later, idx_bytes, py2_pickle, write_cifar10, write_cifar100, write_fashion_mnist,
                            write_mnist, write_svhn)
 from neurofed.data import load_dataset
-from neurofed.data.images import DataFileError
+from neurofed.data.base import DataFileError
 from neurofed.data.safe_pickle import UnsafePickleError, loads
 
 
@@ -323,7 +323,8 @@ def test_datasets_command_lists_every_dataset(tmp_path, capsys):
 
 
 def test_two_client_round_on_tiny_mnist_files(tiny_cfg, tmp_path):
-    from neurofed.fl.runner import Experiment, run
+    from neurofed.fl.experiment import Experiment
+    from neurofed.pipeline import run
 
     write_mnist(tmp_path / "data", 60, 30, gz=True, layout="torchvision")
     cfg = tiny_cfg(**{"data.name": "mnist", "data.root": str(tmp_path / "data"), "partition.num_clients": 2,

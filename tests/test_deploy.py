@@ -290,9 +290,9 @@ def test_loihi2_backend_without_lava_loihi_says_what_is_missing():
 
 def test_run_exports_and_runs_on_lava_then_cli_reruns(tmp_path, tiny_cfg, capsys):
     from neurofed.cli import main
-    from neurofed.fl.runner import run
-    from neurofed.fl.seeds import seed_for
-    from neurofed.fl.train import evaluate
+    from neurofed.pipeline import run
+    from neurofed.seeds import seed_for
+    from neurofed.training.local import evaluate
 
     out = tmp_path / "run"
     cfg = tiny_cfg(export=True, **{"lava.samples": 4})

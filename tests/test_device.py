@@ -69,7 +69,7 @@ def test_cuda_index_out_of_range_is_a_config_error():
 
 
 def _checkpoint(run_dir) -> dict:
-    from neurofed.runfiles import CHECKPOINT, load_state
+    from neurofed.rundir import CHECKPOINT, load_state
 
     return load_state(run_dir / CHECKPOINT, "checkpoint")
 
@@ -87,7 +87,7 @@ def _metrics(run_dir) -> list[dict]:
 @pytest.mark.skipif(HAS_GPU, reason="without the key a GPU machine trains on the GPU")
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedmos"])
 def test_device_cpu_is_bit_identical_to_a_run_without_the_key(tiny_cfg, tmp_path, algorithm):
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     rounds = 2 if algorithm == "fedavg" else 1
     plain = tiny_cfg(**{"algorithm.name": algorithm, "federation.rounds": rounds})
@@ -101,7 +101,7 @@ def test_device_cpu_is_bit_identical_to_a_run_without_the_key(tiny_cfg, tmp_path
 
 
 def test_device_is_in_the_log_and_summary(tiny_cfg, tmp_path, capsys):
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     run(tiny_cfg(**{"federation.device": "cpu", "federation.rounds": 1}), tmp_path, after=False)
     saved = json.loads((tmp_path / "summary.json").read_text())["device"]
@@ -110,7 +110,7 @@ def test_device_is_in_the_log_and_summary(tiny_cfg, tmp_path, capsys):
 
 
 def test_resume_may_change_the_device(tiny_cfg, tmp_path):
-    from neurofed.fl.runner import config_differences
+    from neurofed.fl.resume import config_differences
 
     assert config_differences(tiny_cfg(**{"federation.device": "cuda"}), tiny_cfg(**{"federation.device": "cpu"})) == []
 
@@ -138,7 +138,8 @@ def gpu_cfg(tiny_cfg):
 
 @pytest.mark.gpu
 def test_cuda_run_trains_on_the_gpu_and_keeps_files_on_the_cpu(gpu_cfg, tmp_path):
-    from neurofed.fl.runner import Experiment, run
+    from neurofed.fl.experiment import Experiment
+    from neurofed.pipeline import run
 
     cfg = gpu_cfg(**{"federation.device": "cuda", "model.name": "cnn", "algorithm.name": "scaffold"})
     summary = run(cfg, tmp_path / "run", progress=False, after=False)
@@ -158,7 +159,7 @@ def test_cuda_and_cpu_forward_give_the_same_spikes(gpu_cfg):
     """Same weights, same input spikes: SLAYER's fixed-point neurons on both devices.
     8-bit weights and binary inputs make the synaptic sums exact in float32."""
     from neurofed.data import load_dataset
-    from neurofed.fl.train import forward_dataset
+    from neurofed.training.local import forward_dataset
     from neurofed.models import build_run_model
 
     cfg = gpu_cfg(**{"model.name": "cnn", "data.timesteps": 8})
@@ -183,7 +184,7 @@ def test_describe_cpu():
 def test_batches_ahead_are_the_same_batches_in_the_same_order(tiny_cfg):
     """On a GPU the batches are encoded by a helper thread, ahead of training: the same
     permutations and spikes as the CPU path draws inline."""
-    from neurofed.fl.train import ahead, encoded_batches
+    from neurofed.training.local import ahead, encoded_batches
     from neurofed.models import build_model
 
     cfg = tiny_cfg()
@@ -200,7 +201,7 @@ def test_batches_ahead_are_the_same_batches_in_the_same_order(tiny_cfg):
 
 
 def test_ahead_raises_the_producers_error_and_stops_when_left():
-    from neurofed.fl.train import ahead
+    from neurofed.training.local import ahead
 
     def failing():
         yield 1
@@ -272,7 +273,7 @@ def test_tf32_false_and_true_set_both_flags_auto_leaves_them():
 
 def test_run_applies_federation_tf32(tiny_cfg):
     """The runner and every Flower ClientApp configure compute through configure_compute."""
-    from neurofed.fl.runner import configure_compute
+    from neurofed.fl.experiment import configure_compute
 
     saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     try:

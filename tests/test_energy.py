@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from neurofed.energy.ops import count_layers, synapse_masks
+from neurofed.models.opcounts import count_layers, synapse_masks
 from neurofed.energy.profiles import ProfileError, load_profile, load_profiles, parse_profile, profile_names
 from neurofed.energy.report import price
 from neurofed.models.spec import Layer, resolve
@@ -240,7 +240,7 @@ def test_config_validates_energy_profiles(tiny_cfg):
 def two_runs(tmp_path_factory):
     """Two tiny digits runs (mlp, 1 round): rate and direct encoding."""
     from neurofed.config import load_config
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     from conftest import tiny_overrides
 
@@ -329,9 +329,9 @@ def test_lava_spike_file_is_spread_uniformly(two_runs):
     """A lava.json with per-layer totals: totals are kept; dense layers (whose count
     depends only on totals) match the exact torch count when totals agree."""
     from neurofed.energy.spikes import measure_torch, read_lava
-    from neurofed.energy.ops import count_layers as count
+    from neurofed.models.opcounts import count_layers as count
     from neurofed.energy.report import load_run
-    from neurofed.fl.seeds import seed_for
+    from neurofed.seeds import seed_for
 
     d = two_runs[0]
     run = load_run(d)
@@ -356,10 +356,10 @@ def test_lava_spikes_give_the_torch_count(two_runs):
     """Energy from a real Lava run (per-neuron totals) equals a torch pass over the
     very input spikes Lava received: Lava reproduces SLAYER spike for spike."""
     from neurofed.deploy.lava_run import input_spikes, run_lava
-    from neurofed.energy.ops import count_layers as count
+    from neurofed.models.opcounts import count_layers as count
     from neurofed.energy.report import _measure, load_run
     from neurofed.energy.spikes import measure_torch
-    from neurofed.fl.seeds import seed_for
+    from neurofed.seeds import seed_for
 
     d = two_runs[0]
     lava = run_lava(d, samples=12, progress=False, quiet=True)

@@ -369,7 +369,7 @@ def test_fedlec_runs_on_digits_events(tiny_cfg, tmp_path):
     """The example's setting in miniature: FedLEC, #cnum=2, on the synthetic event set."""
     import json
 
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     cfg = tiny_cfg(**{"data.name": "digits_events", "data.encoding": "events", "data.downsample": 2,
                       "data.cache": str(tmp_path / "cache"), "partition.scheme": "cnum",

@@ -245,7 +245,7 @@ def test_gradient_mode_is_validated():
 def test_run_with_fast_gradients_trains_through_the_fast_kernels(tiny_cfg, tmp_path, monkeypatch):
     import json
 
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     counter = _CountingExt(EXT)
     monkeypatch.setattr(ops, "ext", counter)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from neurofed.algorithms.base import FitResult, weighted_average
-from neurofed.fl.params import ParamSpec
+from neurofed.training.params import ParamSpec
 from neurofed.models import build_model, model_names
-from neurofed.runfiles import load_state
+from neurofed.rundir import load_state
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "vgg5", "svgg9"])
@@ -65,7 +65,7 @@ def test_fedavg_weights_by_sample_count():
 
 def test_straggler_rule_keeps_one_and_drops_each_other_with_q(tiny_cfg):
     # FedSNN Sec. IV-D: one of the P always replies, each of the other P − 1 drops with q.
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
 
     exp = Experiment(tiny_cfg(**{"federation.straggler_prob": 1.0}))
     for rnd in range(1, 20):
@@ -81,7 +81,7 @@ def test_straggler_rule_keeps_one_and_drops_each_other_with_q(tiny_cfg):
 
 
 def test_only_selected_clients_train(tiny_cfg, tmp_path):
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     run(tiny_cfg(**{"partition.num_clients": 5, "federation.clients_per_round": 2}), tmp_path, progress=False)
     for line in (tmp_path / "metrics.jsonl").read_text().splitlines():
@@ -92,7 +92,7 @@ def test_only_selected_clients_train(tiny_cfg, tmp_path):
 
 def test_failing_or_nonfinite_client_is_dropped(tiny_cfg, tmp_path, monkeypatch):
     from neurofed.algorithms.base import Client
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
 
     exp = Experiment(tiny_cfg(**{"partition.num_clients": 3, "federation.clients_per_round": 3}))
     real_fit = Client.fit
@@ -116,7 +116,8 @@ def test_failing_or_nonfinite_client_is_dropped(tiny_cfg, tmp_path, monkeypatch)
 
 
 def test_resume_gives_exactly_the_uninterrupted_result(tiny_cfg, tmp_path):
-    from neurofed.fl.runner import CHECKPOINT, run
+    from neurofed.pipeline import run
+    from neurofed.rundir import CHECKPOINT
 
     cfg = tiny_cfg(**{"federation.rounds": 3, "federation.straggler_prob": 0.3, "federation.update_noise": 0.01})
     run(cfg, tmp_path / "full", progress=False)
@@ -133,7 +134,7 @@ def test_resume_gives_exactly_the_uninterrupted_result(tiny_cfg, tmp_path):
 
 
 def test_run_writes_the_documented_files(tiny_cfg, tmp_path):
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     summary = run(tiny_cfg(), tmp_path, progress=False)
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.npz", "plots/accuracy.png"):

@@ -35,7 +35,7 @@ from neurofed.config import ConfigError, load_config
 from neurofed.flower.records import (from_arrays, from_config, from_metrics, load_state, save_state, to_arrays,
                                      to_config, to_metrics)
 from neurofed.flower.strategy import EXTRA_KEY, NODE_KEY, NUM_EXAMPLES, TARGET_KEY, AlgorithmStrategy
-from neurofed import runfiles
+from neurofed import rundir
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -53,7 +53,7 @@ def tiny_set(**extra) -> str:
 
 def reference(tmp_path: Path, name: str, neurofed_set: str) -> tuple[np.ndarray, list[dict]]:
     """The in-process runner's final global parameters and metrics lines."""
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     import torch
 
@@ -67,7 +67,7 @@ def reference(tmp_path: Path, name: str, neurofed_set: str) -> tuple[np.ndarray,
 
 
 def read_run(out: Path) -> tuple[np.ndarray, list[dict]]:
-    params = runfiles.load_state(out / "checkpoint.npz", "checkpoint")["server"]["params"]
+    params = rundir.load_state(out / "checkpoint.npz", "checkpoint")["server"]["params"]
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     return params, lines
 
@@ -175,7 +175,7 @@ def reply(msg: Message, arrays: dict, n: int, **metrics) -> Message:
 
 
 def test_strategy_sends_the_server_half_plan_and_aggregates_hand_built_replies(tiny_cfg, task_identity):
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
 
     cfg = tiny_cfg(**{"federation.clients_per_round": 3})
     exp, twin = Experiment(cfg), Experiment(cfg)
@@ -218,7 +218,7 @@ def test_strategy_sends_the_server_half_plan_and_aggregates_hand_built_replies(t
 
 
 def test_strategy_drops_non_finite_and_missing_replies(tiny_cfg, task_identity):
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
 
     exp = Experiment(tiny_cfg(**{"partition.num_clients": 3, "federation.clients_per_round": 3}))
     grid = HandGrid({k: {"partition-id": k, "num-partitions": 3} for k in range(3)})
@@ -237,7 +237,7 @@ def test_strategy_drops_non_finite_and_missing_replies(tiny_cfg, task_identity):
 def test_sfedca_candidates_all_train_and_the_top_p_by_delta_r_are_aggregated(tiny_cfg, task_identity):
     """SFedCA's candidate round under Flower: S candidates get train messages; the
     server half keeps the P replies with the largest ΔR."""
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
 
     exp = Experiment(tiny_cfg(**{"algorithm.name": "sfedca", "algorithm.candidates": 3,
                                  "federation.clients_per_round": 2}))
@@ -259,7 +259,7 @@ def test_heterogeneous_widths_get_their_width_s_model_and_replies_are_read_in_it
     """hetero_fedavg under Flower: each partition downloads the global model of the width
     in its config; each reply is unpacked with that width's ParamSpec and averaged only
     within its width."""
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
 
     cfg = tiny_cfg(**{"algorithm.name": "hetero_fedavg", "model.name": "hifi_cnn_digits", "model.width": 1.0,
                       "algorithm.widths": "[0.5,1.0]", "federation.clients_per_round": 3})
@@ -286,7 +286,7 @@ def test_heterogeneous_widths_get_their_width_s_model_and_replies_are_read_in_it
 
 
 def test_client_app_evaluates_the_model_of_the_width_its_message_names(task_identity):
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
     from neurofed.flower.app import flower_apps
 
     neurofed_set = tiny_set(**{"algorithm.name": "hetero_fedavg", "model.name": "hifi_cnn_digits",
@@ -306,7 +306,7 @@ def test_client_app_evaluates_the_model_of_the_width_its_message_names(task_iden
 
 
 def test_nodes_that_serve_no_partition_are_refused_with_the_reason(tiny_cfg, task_identity):
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
 
     exp = Experiment(tiny_cfg())  # 4 partitions
     strategy = AlgorithmStrategy(exp.server, exp.spec)
@@ -331,7 +331,7 @@ def test_nodes_that_serve_no_partition_are_refused_with_the_reason(tiny_cfg, tas
 def test_client_app_trains_like_the_in_process_client_half(task_identity):
     """SCAFFOLD through the ClientApp (its c_i kept in the node's Context.state) gives
     bit for bit the in-process client half's uploads and state, round after round."""
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
     from neurofed.flower.app import flower_apps
 
     neurofed_set = tiny_set(**{"algorithm.name": "scaffold"})
@@ -543,7 +543,7 @@ def test_sfedhifi_in_flower_simulation_equals_the_in_process_runner(tmp_path, pr
     params, lines = read_run(simulate(tmp_path, processes, "flower", neurofed_set))
     ref_params, ref_lines = reference(tmp_path, "inprocess", neurofed_set)
     same_records(lines, ref_lines)
-    widths = [runfiles.load_state(tmp_path / d / "checkpoint.npz", "checkpoint")["server"]["widths"]
+    widths = [rundir.load_state(tmp_path / d / "checkpoint.npz", "checkpoint")["server"]["widths"]
               for d in ("flower", "inprocess")]
     assert set(widths[0]) == {"0.5", "1"}
     for p in widths[0]:
@@ -943,7 +943,7 @@ def test_a_paper_preset_runs_through_flwr_run_and_its_serverapp_runs_the_fast_ke
     evaluated with the fast kernels, and the result equals the in-process run's."""
     from dataset_files import write_mnist
 
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     write_mnist(tmp_path / "data", n=60, n_test=30)
     preset = "examples/papers/sfedca_mnist_dir03.yaml"

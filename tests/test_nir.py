@@ -205,7 +205,7 @@ def test_simulator_runs_the_exported_cnn_like_slayer(sim, tmp_path):
 
 
 def test_nir_synaptic_ops_match_neurofeds_count():
-    from neurofed.energy.ops import count_layers, synapse_masks
+    from neurofed.models.opcounts import count_layers, synapse_masks
 
     model = tiny_model("cnn")
     spikes = random_spikes(4)
@@ -275,9 +275,9 @@ def untrained_run(out, cfg) -> None:
     import yaml
 
     from neurofed.data import load_dataset
-    from neurofed.fl.params import ParamSpec
+    from neurofed.training.params import ParamSpec
     from neurofed.models import build_run_model
-    from neurofed.runfiles import MODEL_BEST, MODEL_LAST, save_state
+    from neurofed.rundir import MODEL_BEST, MODEL_LAST, save_state
 
     torch.manual_seed(0)
     model = build_run_model(cfg, load_dataset(cfg["data"], cfg["seed"]))

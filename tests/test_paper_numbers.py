@@ -2,7 +2,7 @@
 
 examples/papers/printed/training_free.yaml lists each printed number, where it is printed and
 whether neurofed reproduces it; here every entry is recomputed: the preset's model as its ANN
-twin (no training, no data), counted by neurofed.energy.ops, under the paper's own formula
+twin (no training, no data), counted by neurofed.models.opcounts, under the paper's own formula
 (neurofed.energy.conventions, ``energy.convention: paper``), priced on the profile's E_MAC,
 as ``neurofed energy PRESET.yaml`` prints them.
 """

@@ -13,7 +13,7 @@ import yaml
 
 from neurofed.config import load_config
 from neurofed.data import load_dataset
-from neurofed.fl.runner import run
+from neurofed.pipeline import run
 from neurofed.models import build_model, topology
 
 import dataset_files  # tests/ is on sys.path (rootdir conftest), as conftest imports are

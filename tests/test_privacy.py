@@ -1,4 +1,4 @@
-"""Local differential privacy that holds against the server (neurofed.fl.privacy).
+"""Local differential privacy that holds against the server (neurofed.training.privacy).
 
 The noise cannot be regenerated from what the server holds, clipping bounds every
 update, ε is what a hand computation gives, SCAFFOLD's variates stay consistent under
@@ -11,8 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from neurofed.fl.runner import Experiment, run
-from neurofed.fl.seeds import seed_for
+from neurofed.fl.experiment import Experiment
+from neurofed.pipeline import run
+from neurofed.seeds import seed_for
 
 B = 0.05  # Laplace scale of these tests
 
@@ -72,7 +73,7 @@ def test_the_seeded_mode_is_named_for_what_it_is(tiny_cfg):
 
 
 def test_os_laplace_and_gaussian_have_their_distributions():
-    from neurofed.fl.privacy import Noise
+    from neurofed.training.privacy import Noise
 
     noise = Noise("os_entropy", 0, "x")
     lap = noise.laplace(0.3, (400_000,))
@@ -87,7 +88,7 @@ def test_os_laplace_and_gaussian_have_their_distributions():
 
 
 def test_clip_l1_bounds_the_norm_and_keeps_the_direction():
-    from neurofed.fl.privacy import clip_l1
+    from neurofed.training.privacy import clip_l1
 
     rng = np.random.default_rng(0)
     for scale in (1e-3, 1.0, 1e3):
@@ -151,7 +152,7 @@ def test_fedlec_eq16_reports_unbounded_epsilon_and_seeded_reports_no_privacy(tin
 
 
 def test_gaussian_epsilon_meets_the_exact_condition():
-    from neurofed.fl.privacy import gaussian_epsilon
+    from neurofed.training.privacy import gaussian_epsilon
 
     def phi(t):
         return 0.5 * math.erfc(-t / math.sqrt(2))
@@ -171,7 +172,7 @@ def test_gaussian_epsilon_meets_the_exact_condition():
 
 def test_sfedca_rate_report_epsilon(tiny_cfg):
     from neurofed.algorithms.sfedca import SFedCA
-    from neurofed.fl.privacy import gaussian_epsilon, mechanisms
+    from neurofed.training.privacy import gaussian_epsilon, mechanisms
 
     cfg = tiny_cfg(**{"algorithm.name": "sfedca", "algorithm.candidates": 3, "algorithm.rate_noise": 2.0,
                       "algorithm.rate_clip": 0.5, "federation.ldp_laplace": 0.5, "federation.ldp_clip": 0.25})
@@ -201,7 +202,7 @@ def test_scaffold_variates_stay_consistent_under_ldp(tiny_cfg):
 def test_resume_with_noise(tiny_cfg, tmp_path, source):
     """Seeded noise: a resumed run is exact. OS entropy: the resumed rounds draw new
     noise (by design), so only the rounds before the kill are shared."""
-    from neurofed.runfiles import load_state
+    from neurofed.rundir import load_state
 
     cfg = tiny_cfg(**{"algorithm.name": "scaffold", "federation.rounds": 2, "federation.ldp_laplace": 0.01,
                       "federation.privacy_noise": source})

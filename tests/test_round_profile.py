@@ -14,8 +14,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 round_profile = pytest.importorskip("round_profile")
 
 from neurofed.algorithms import get_algorithm_class  # noqa: E402
-from neurofed.algorithms.base import FitResult, weighted_average  # noqa: E402
-from neurofed.fl.params import ParamSpec  # noqa: E402
+from neurofed.algorithms.base import FitResult, ServerContext, weighted_average  # noqa: E402
+from neurofed.training.params import ParamSpec  # noqa: E402
 
 SPEC = ParamSpec(("a.weight", "b.weight", "b.bias"), ((3, 4), (5,), (2, 1)))
 
@@ -36,7 +36,7 @@ def test_server_memory_is_model_sized(tiny_cfg):
     # O(model): the clients' c_i are client state, not server state.
     for name, copies in (("fedavg", 1), ("scaffold", 2)):
         cfg = tiny_cfg(**{"algorithm.name": name})
-        server = get_algorithm_class(name).Server(cfg, SPEC, np.zeros(SPEC.size, np.float32), 1000)
+        server = get_algorithm_class(name).Server(cfg, SPEC, np.zeros(SPEC.size, np.float32), ServerContext(1000))
         server.aggregate(1, [FitResult(c, np.ones(SPEC.size, np.float32), 10, {"steps": 2}) for c in range(3)])
         assert round_profile.retained_bytes(server) == copies * SPEC.nbytes, name
 

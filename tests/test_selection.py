@@ -12,18 +12,18 @@ import pytest
 import torch
 from torch import nn
 
-from neurofed.algorithms.base import Client, ClientData, FitResult
+from neurofed.algorithms.base import Client, ClientData, FitResult, ServerContext
 from neurofed.algorithms.divfl import DivFLServer, greedy_facility_location, update_similarity
 from neurofed.algorithms.fedmos import (FedMoSClient, adaptive_selection, server_momentum_step,
                                         storm_direction)
 from neurofed.algorithms.sfedca import SFedCAServer, class_firing_rates, delta_r
 from neurofed.config import ConfigError, load_config
-from neurofed.fl.params import ParamSpec
-from neurofed.fl.seeds import seed_for
+from neurofed.training.params import ParamSpec
+from neurofed.seeds import seed_for
 from neurofed.models.snn import SpikingNet
 from neurofed.models.spec import Layer, resolve
 from neurofed.plots import class_coverage, coverage_gap
-from neurofed.runfiles import load_state
+from neurofed.rundir import load_state
 
 from conftest import tiny_overrides
 
@@ -69,7 +69,7 @@ def test_firing_rates_and_delta_r_by_hand():
 
 
 def test_rate_pass_changes_nothing_and_is_one_forward_pass(tiny_cfg):
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
 
     exp = Experiment(tiny_cfg())
     model = exp.new_model()
@@ -104,7 +104,7 @@ def test_rate_pass_changes_nothing_and_is_one_forward_pass(tiny_cfg):
 
 
 def test_sfedca_client_reports_delta_r_of_global_vs_trained(tiny_cfg):
-    from neurofed.fl.runner import Experiment
+    from neurofed.fl.experiment import Experiment
 
     exp = Experiment(tiny_cfg(**{"algorithm.name": "sfedca", "algorithm.candidates": 3}))
     data = exp.client_data(1)
@@ -141,7 +141,7 @@ def _cfg(p=2, weighting="uniform"):
 
 
 def test_sfedca_server_aggregates_the_top_p_by_delta_r():
-    server = SFedCAServer(_cfg(), _spec(), np.zeros(3), num_clients=10)
+    server = SFedCAServer(_cfg(), _spec(), np.zeros(3), ServerContext(10))
     assert len(server.configure(1)) == 4  # the candidate set
     results = [FitResult(3, np.full(3, 1.0, np.float32), 10, {"delta_r": 0.2}),
                FitResult(5, np.full(3, 2.0, np.float32), 30, {"delta_r": 0.9}),
@@ -150,7 +150,7 @@ def test_sfedca_server_aggregates_the_top_p_by_delta_r():
     metrics = server.aggregate(1, results)
     assert metrics["aggregated"] == [5, 8]
     np.testing.assert_allclose(server.params, np.full(3, 5.0))  # plain average of 2 and 8 (Alg. 1)
-    weighted = SFedCAServer(_cfg(weighting="samples"), _spec(), np.zeros(3), num_clients=10)
+    weighted = SFedCAServer(_cfg(weighting="samples"), _spec(), np.zeros(3), ServerContext(10))
     weighted.aggregate(1, results)
     np.testing.assert_allclose(weighted.params, np.full(3, (30 * 2 + 10 * 8) / 40))  # Eq. 6
 
@@ -190,7 +190,7 @@ def test_update_similarity_is_max_distance_minus_distance():
 
 def test_divfl_server_fills_its_table_then_picks_diverse_clients():
     cfg = {"seed": 0, "federation": {"clients_per_round": 2}, "algorithm": {"name": "divfl"}}
-    server = DivFLServer(cfg, ParamSpec(("w",), ((2,),)), np.zeros(2), num_clients=5)
+    server = DivFLServer(cfg, ParamSpec(("w",), ((2,),)), np.zeros(2), ServerContext(5))
     assert [c for c, _ in server.configure(1)] == [0, 1, 2, 3, 4]  # round 1: everyone
     ups = {0: [1.0, 0.0], 1: [1.1, 0.0], 2: [0.9, 0.1], 3: [0.0, 1.0], 4: [0.0, 1.2]}
     results = [FitResult(c, np.array(u, np.float32), 10, {}) for c, u in ups.items()]
@@ -298,7 +298,7 @@ def test_adaptive_selection_slices():
 
 
 def test_rounds_to_target_is_the_first_round_at_or_above_target(tiny_cfg):
-    from neurofed.fl.runner import summarize
+    from neurofed.fl.summary import summarize
 
     hist = [{"round": r, "accuracy": a, "bytes_up": 0, "bytes_down": 0, "failed": [], "loss": 1.0}
             for r, a in enumerate([0.3, 0.79, 0.8, 0.6, 0.9], start=1)]
@@ -345,7 +345,7 @@ def test_coverage_command(tmp_path, capsys):
 @pytest.mark.parametrize("extra", [{"algorithm.name": "divfl"}, {"algorithm.name": "fedmos"}])
 def test_resume_is_exact_and_run_writes_coverage(tmp_path, tiny_cfg, extra):
     """The stateful servers (DivFL's update table, FedMoS's momentum) resume exactly."""
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     cfg = tiny_cfg(**{"federation.rounds": 2, "partition.scheme": "dirichlet", **extra})
     full = run(cfg, tmp_path / "full", progress=False, after=False)
@@ -370,7 +370,7 @@ def test_divfl_round_one_straggler_stays_in_the_ground_set():
     # sim pick 0 first (4C − 1.1); then client 3 gains C − (C − 1) = 1 on its own row,
     # client 2 only 0.1 on row 2, so S = {0, 3}. Selecting among repliers only gave {0, 2}.
     cfg = {"seed": 0, "federation": {"clients_per_round": 2}, "algorithm": {"name": "divfl"}}
-    server = DivFLServer(cfg, ParamSpec(("w",), ((2,),)), np.zeros(2), num_clients=4)
+    server = DivFLServer(cfg, ParamSpec(("w",), ((2,),)), np.zeros(2), ServerContext(4))
     ups = {0: [1.0, 0.0], 1: [1.0, 0.0], 2: [1.0, 0.1]}
     server.aggregate(1, [FitResult(c, np.array(u, np.float32), 10, {}) for c, u in ups.items()])
     assert [c for c, _ in server.configure(2)] == [0, 3]
@@ -379,7 +379,7 @@ def test_divfl_round_one_straggler_stays_in_the_ground_set():
 def test_sfedca_rates_average_the_weight_layers_only_by_default():
     # Eq. 11's L layers are those of W = (w^1..w^L): conv and FC; SLAYER's pool has neurons too.
     from neurofed.algorithms.sfedca import rate_layer_mask
-    from neurofed.fl.train import forward_dataset
+    from neurofed.training.local import forward_dataset
 
     layers = resolve([Layer("conv", 2, kernel=3, padding=1), Layer("pool", kernel=2, stride=2), Layer("flatten"),
                       Layer("dense", 3)], (1, 4, 4))

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from neurofed.algorithms import get_algorithm_class
+from neurofed.algorithms.base import ServerContext
 from neurofed.algorithms.base import FitResult
 from neurofed.algorithms.sfedhifi import canonical_signs, choose_layer, default_ranks, fixed_ranks, tucker_fuse
 from neurofed.config import DEFAULTS, ConfigError, load_config
@@ -24,7 +25,7 @@ from neurofed.models.hifi_cnn import factorized
 from neurofed.models.snn import SpikingNet, quantize_8bit
 from neurofed.models.spec import Layer, resolve
 from test_deploy import assert_round_trip, random_spikes
-from neurofed.runfiles import load_state, save_state
+from neurofed.rundir import load_state, save_state
 
 WIDTHS = [0.25, 0.5, 0.75, 1.0]
 
@@ -171,12 +172,12 @@ def _server(tiny_cfg, name="sfedhifi", **extra):
     cls = get_algorithm_class(name)
     torch.manual_seed(0)
     from neurofed.data import load_dataset
-    from neurofed.fl.params import ParamSpec
+    from neurofed.training.params import ParamSpec
 
     ds = load_dataset(cfg["data"], cfg["seed"])
     ref = build_model(cfg["model"], ds.input_shape, ds.num_classes)
     spec = ParamSpec.from_model(ref)
-    return cls.Server(cfg, spec, spec.get(ref), 8)
+    return cls.Server(cfg, spec, spec.get(ref), ServerContext(8, dataset=ds))
 
 
 def _replies(server, widths_values):
@@ -238,7 +239,7 @@ def test_one_message_for_all_clients_is_refused(tiny_cfg):
 
 def test_selection_is_p_of_n_at_random_as_the_paper_by_default(tiny_cfg):
     # "5 active clients are randomly selected": FedAvg's uniform draw, whatever the widths.
-    from neurofed.fl.seeds import rng_for
+    from neurofed.seeds import rng_for
 
     server = _server(tiny_cfg)
     missing = 0
@@ -439,7 +440,7 @@ def test_config_errors_name_the_key(tiny_cfg):
 
 @pytest.mark.parametrize("name", ["sfedhifi", "hetero_fednova"])
 def test_a_heterogeneous_run_reports_accuracy_per_width(name, tiny_cfg, tmp_path):
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     extra = {"algorithm.rate_samples": 16, "export": True} if name == "sfedhifi" else {"energy.enabled": False}
     cfg = tiny_cfg(**{"algorithm.name": name, "model.name": "test_tiny_hifi", "model.width": 0.5,
@@ -459,7 +460,7 @@ def test_a_heterogeneous_run_reports_accuracy_per_width(name, tiny_cfg, tmp_path
     state = load_state(tmp_path / "checkpoint.npz", "checkpoint")["server"]
     np.testing.assert_array_equal(state["params"], state["widths"]["0.5"]["params"])
     model = build_model(cfg["model"], (1, 8, 8), 10)
-    from neurofed.fl.params import ParamSpec
+    from neurofed.training.params import ParamSpec
 
     ParamSpec.from_model(model).set(model, state["params"])
     syn = model.blocks[3].synapse

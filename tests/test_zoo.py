@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from neurofed.deploy.constraints import check_model, structure_problems
-from neurofed.energy.ops import count_layers, count_macs
+from neurofed.models.opcounts import count_layers, count_macs
 from neurofed.energy.spikes import measure_torch
 from neurofed.models import Layer, build_model, register_topology, topology
 from neurofed.models.residual import EXPORT_REFUSAL, ResidualJoin
@@ -249,7 +249,7 @@ def test_batch_norm_sets_each_hidden_current_to_mean_0_std_1():
 
 
 def test_batch_norm_parameters_are_shared_and_trained():
-    from neurofed.fl.params import ParamSpec
+    from neurofed.training.params import ParamSpec
 
     model = build_model(NORMED, (3, 16, 16), 10)
     spec = ParamSpec.from_model(model)

@@ -1,6 +1,6 @@
-"""What an algorithm is: a server half and a client half under one name.
+"""The algorithm contract: a server half and a client half under one name.
 
-Messages, not objects, cross the client/server line (DESIGN.md): the client
+Messages, not objects, cross the client/server line: the client
 receives ``(params: dict[str, ndarray], config: dict)`` and returns
 ``(params: dict[str, ndarray], num_examples: int, metrics: dict)``. The in-process
 runner and the Flower app pass exactly these, so every algorithm runs unchanged in
@@ -9,7 +9,7 @@ both.
 An algorithm module subclasses :class:`Algorithm` (or the algorithm it extends)
 and overrides only what differs: its ``Server`` (selection, aggregation, server
 state) and its ``Client`` (local objective and state hooks into the one training
-loop in :mod:`neurofed.fl.train`).
+loop in :mod:`neurofed.training.local`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ import torch
 import torch.nn.functional as F
 
 from neurofed.config import shown
-from neurofed.fl.params import ParamSpec
-from neurofed.fl.seeds import seed_for
-from neurofed.fl.train import label_counts, make_optimizer, train_local
+from neurofed.training.params import ParamSpec
+from neurofed.algorithms.policies import round_lr, update_noise
+from neurofed.seeds import seed_for
+from neurofed.data.partition import label_counts
+from neurofed.training.local import make_optimizer, train_local
 
 
 @dataclass
@@ -39,7 +41,21 @@ class ClientData:
 
     @property
     def label_counts(self) -> list[int]:
-        return label_counts(self.y, self.num_classes)
+        return label_counts(self.y, [np.arange(len(self.y))], self.num_classes)[0].tolist()
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """What a server half is built with, besides the config: the federation's clients and data.
+
+    ``num_clients``: N, the clients it selects from; ``client_sizes``: n_k, each client's
+    number of training samples (None: unknown, taken as equal); ``dataset``: the run's
+    :class:`~neurofed.data.Dataset` (shapes, classes, samples) for servers that build
+    models or compute on data themselves (None where no such server runs)."""
+
+    num_clients: int
+    client_sizes: np.ndarray | None = None
+    dataset: Any = None
 
 
 @dataclass
@@ -56,7 +72,7 @@ class Client:
     """FedAvg client (McMahan et al., AISTATS 2017): local SGD/Adam on cross-entropy,
     upload the trained parameters.
 
-    Hooks into :func:`neurofed.fl.train.train_local`: ``make_optimizer``, ``loss``,
+    Hooks into :func:`neurofed.training.local.train_local`: ``make_optimizer``, ``loss``,
     ``before_step``, ``after_step``; around it: ``begin`` (read the round's config,
     set up per-round state) and ``finish`` (build the upload, update local state).
     ``state`` is this client's persistent dict across rounds (kept by the runner or
@@ -133,41 +149,25 @@ class Client:
         the server will see, so client and server state agree (SCAFFOLD's c_i)."""
 
     def noise(self, stream: str, *keys: int) -> "Noise":
-        """This round's noise source for ``stream`` (:mod:`neurofed.fl.privacy`): OS
+        """This round's noise source for ``stream`` (:mod:`neurofed.training.privacy`): OS
         entropy, or — ``federation.privacy_noise: seeded_not_private`` — the round seed."""
-        from neurofed.fl.privacy import OS_ENTROPY, Noise
+        from neurofed.training.privacy import OS_ENTROPY, Noise
 
         source = self.cfg["federation"].get("privacy_noise", OS_ENTROPY)
         return Noise(source, int(self.round_config["seed"]), stream, *keys)
 
     def add_update_noise(self, upload: np.ndarray, global_flat: np.ndarray) -> np.ndarray:
-        """FedSNN's gradient-noise study (Venkatesha et al. 2021, Sec. IV-E, Fig. 8b):
-        N(0, 1) · strength added to the uploaded update, seeded from the round's client seed.
-
-        ``federation.update_noise_mode: relative`` (default, the authors' code): per tensor
-        the strength s = ``federation.update_noise`` is scaled by the mean magnitude of this
-        client's update of that tensor, noise_t = N(0, 1) · s · mean|w_t − w_t^global|
-        (Fig. 8b's strengths 0…4); ``absolute``: noise = N(0, 1) · s on every value."""
-        strength = self.cfg["federation"].get("update_noise", 0.0)
-        if not strength:
-            return upload
-        rng = np.random.default_rng(seed_for(int(self.round_config["seed"]), "update_noise"))
-        noise = rng.normal(0.0, 1.0, size=upload.shape) * strength
-        if self.cfg["federation"].get("update_noise_mode", "relative") == "relative":
-            delta = np.abs(upload.astype(np.float64) - global_flat)
-            offsets = self.spec.offsets
-            scale = np.add.reduceat(delta, offsets[:-1]) / self.spec.sizes  # mean |Δ| per tensor
-            noise *= np.repeat(scale, self.spec.sizes)
-        return upload + noise.astype(np.float32)
+        """``upload`` with FedSNN's update noise of this round (:func:`~neurofed.algorithms.policies.update_noise`)."""
+        return update_noise(upload, global_flat, self.spec, self.cfg["federation"], int(self.round_config["seed"]))
 
     def add_privacy_noise(self, upload: np.ndarray) -> np.ndarray:
-        """Laplace local differential privacy (:mod:`neurofed.fl.privacy`): the update
+        """Laplace local differential privacy (:mod:`neurofed.training.privacy`): the update
         y − x clipped to L1 norm ``federation.ldp_clip`` = C, then Laplace(0, b) on
         every uploaded value, b = ``federation.ldp_laplace`` (E|noise| = b, std = √2·b);
         ε = 2C/b per upload. ``ldp_clip: null`` is FedLEC Eq. 16 (Yu et al., IJCAI
         2025): θ^m ← θ^m + Laplace(0, δ), no clipping, no ε bound. Works with every
         algorithm because every client half uploads its parameters."""
-        from neurofed.fl.privacy import privatize_update
+        from neurofed.training.privacy import privatize_update
 
         fed = self.cfg["federation"]
         if not fed.get("ldp_laplace", 0.0):
@@ -176,28 +176,40 @@ class Client:
 
 
 class Server:
-    """FedAvg server: random selection of P of N clients; sample-weighted average
-    (McMahan et al. 2017, Alg. 1): w ← Σ_k n_k w_k / Σ_k n_k over the clients that
-    replied.
+    """The server half; as written here, FedAvg's: random selection of P of N clients and
+    the sample-weighted average (McMahan et al. 2017, Alg. 1) w ← Σ_k n_k w_k / Σ_k n_k
+    over the clients that replied.
+
+    ``params`` (flat float32, in ``spec`` order) is the global model that is evaluated,
+    checkpointed and exported.
     """
 
-    def __init__(self, cfg: dict, spec: ParamSpec, initial: np.ndarray, num_clients: int):
+    models_by = "model"  # what labels global_models()'s keys (SFedHIFI: "width")
+
+    def __init__(self, cfg: dict, spec: ParamSpec, initial: np.ndarray, context: ServerContext):
+        """``cfg``: the run's validated config; ``spec``: the model's parameter layout;
+        ``initial``: the initial global parameters (flat, ``spec`` order); ``context``:
+        the clients and data (:class:`ServerContext`)."""
         self.cfg = cfg
         self.spec = spec
         self.params = np.asarray(initial, dtype=np.float32).copy()
-        self.num_clients = num_clients
+        self.context = context
+        self.num_clients = context.num_clients
 
     # -- selection ------------------------------------------------------------------
     def num_to_sample(self) -> int:
+        """P, the number of clients selected per round."""
         return self.cfg["federation"]["clients_per_round"]
 
     def configure(self, rnd: int) -> list[tuple[int, dict]]:
-        """The clients to train this round and the config each one receives."""
+        """The clients to train in round ``rnd`` (1-based), sorted by id, each with the config
+        it receives (``round``, its ``seed`` and, when scheduled, ``lr``): ``[(cid, config)]``."""
         rng = np.random.default_rng(seed_for(self.cfg["seed"], "select", rnd))
         chosen = np.sort(rng.choice(self.num_clients, size=self.num_to_sample(), replace=False))
         return [(int(c), self.client_config(rnd, int(c))) for c in chosen]
 
     def client_config(self, rnd: int, cid: int) -> dict:
+        """The round config of client ``cid``: round, fit seed, the scheduled lr (:func:`round_lr`)."""
         config = {"round": rnd, "seed": seed_for(self.cfg["seed"], "fit", rnd, cid)}
         fed = self.cfg["federation"]
         if fed.get("lr_decay", 1.0) != 1.0 or fed.get("lr_milestones"):
@@ -222,28 +234,34 @@ class Server:
 
     # -- aggregation ----------------------------------------------------------------
     def aggregate(self, rnd: int, results: list[FitResult]) -> dict:
-        """Replace ``self.params`` with the aggregate; return metrics to log."""
+        """Fold round ``rnd``'s replies (at least one; already screened by
+        :func:`screen_update`) into ``self.params``; return metrics for the round's line."""
         self.params = weighted_average(results)
         return {}
 
+    def global_models(self) -> dict[str, tuple[dict, np.ndarray]] | None:
+        """Every global model this server keeps, ``{label: (model config, flat params)}``,
+        when it keeps several (each is evaluated and kept); None when ``params`` is the only one."""
+        return None
+
     # -- state for checkpoints (plain numpy / python values) ---------------------------
     def state_dict(self) -> dict[str, Any]:
+        """The server state a checkpoint holds (numpy arrays, numbers, strings, lists, dicts)."""
         return {"params": self.params}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (resuming a run)."""
         self.params = np.asarray(state["params"], dtype=np.float32)
 
 
-def round_lr(fed: dict, rnd: int) -> float:
-    """The learning rate of round ``rnd`` (1-based): lr · lr_decay^(r−1) · lr_gamma^k,
-    k = the number of ``federation.lr_milestones`` m with m < r.
-
-    ``lr_decay`` is an exponential decay per round; ``lr_milestones``/``lr_gamma`` the step
-    schedule (as torch's MultiStepLR, counted in rounds): FedSNN Sec. IV-A reduces its SNN
-    lr (0.1, SGD) "by a factor of 5 after 40, 60, and 80 epochs" of its 100 rounds, i.e.
-    ``lr_milestones: [40, 60, 80], lr_gamma: 0.2``."""
-    steps = sum(1 for m in fed.get("lr_milestones") or () if m < rnd)
-    return fed["lr"] * fed.get("lr_decay", 1.0) ** (rnd - 1) * fed.get("lr_gamma", 1.0) ** steps
+def screen_update(spec: ParamSpec, params: dict[str, np.ndarray]) -> np.ndarray:
+    """A client's reply packed flat in ``spec`` order; FloatingPointError when it holds a
+    NaN or an infinity. Both transports (in process, Flower) screen every reply with it,
+    so a broken update never reaches the global model."""
+    flat = spec.pack(params)
+    if not np.all(np.isfinite(flat)):
+        raise FloatingPointError("update has non-finite values")
+    return flat
 
 
 # Parameters per block of weighted_average: the clients' slices of one block (5 clients:
@@ -284,7 +302,7 @@ class Algorithm:
     @classmethod
     def privacy_mechanisms(cls, cfg: dict, num_classes: int) -> list[dict]:
         """Noised releases of this algorithm's clients beyond the model update
-        (:func:`neurofed.fl.privacy.mechanisms`), e.g. SFedCA's firing-rate report."""
+        (:func:`neurofed.training.privacy.mechanisms`), e.g. SFedCA's firing-rate report."""
         return []
 
     @classmethod

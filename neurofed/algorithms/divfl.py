@@ -91,11 +91,11 @@ def update_similarity(updates: np.ndarray) -> np.ndarray:
 
 
 class DivFLServer(Server):
-    def __init__(self, cfg, spec, initial, num_clients):
-        super().__init__(cfg, spec, initial, num_clients)
-        self.updates = np.zeros((num_clients, spec.size), dtype=np.float32)
-        self.gram = np.zeros((num_clients, num_clients))  # Δ Δᵀ of the table, kept row by row
-        self.known = np.zeros(num_clients, dtype=bool)
+    def __init__(self, cfg, spec, initial, context):
+        super().__init__(cfg, spec, initial, context)
+        self.updates = np.zeros((self.num_clients, spec.size), dtype=np.float32)
+        self.gram = np.zeros((self.num_clients, self.num_clients))  # Δ Δᵀ of the table, kept row by row
+        self.known = np.zeros(self.num_clients, dtype=bool)
 
     def configure(self, rnd: int) -> list[tuple[int, dict]]:
         if not self.known.any():  # round 1: every client fills its row of the table

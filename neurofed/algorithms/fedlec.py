@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from neurofed.algorithms.base import Client, FitResult, Server
 from neurofed.algorithms.fedavg import FedAvg
 from neurofed.config import choice, number
-from neurofed.fl.params import ParamSpec
+from neurofed.training.params import ParamSpec
 
 log = logging.getLogger(__name__)
 
@@ -282,8 +282,8 @@ class FedLECServer(Server):
     Logs once, and records every round (``att_time_parameters``), how many tensors have a
     time axis: with none, ATT is FedAvg (Eq. 10, right-hand side)."""
 
-    def __init__(self, cfg, spec, initial, num_clients):
-        super().__init__(cfg, spec, initial, num_clients)
+    def __init__(self, cfg, spec, initial, context):
+        super().__init__(cfg, spec, initial, context)
         if not spec.time_axes:
             log.warning("fedlec: the model has no per-time-step parameters, so Aggregation Through Time "
                         "(Eq. 10) is FedAvg here; only the local loss differs from FedAvg")

@@ -40,7 +40,7 @@ import torch
 from neurofed.algorithms.base import Algorithm, Client, Server
 from neurofed.config import number
 from neurofed.device import model_device
-from neurofed.fl.seeds import rng_for
+from neurofed.seeds import rng_for
 
 
 def adaptive_selection(p: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
@@ -130,15 +130,14 @@ class FedMoSClient(Client):
 
 
 class FedMoSServer(Server):
-    def __init__(self, cfg, spec, initial, num_clients):
-        super().__init__(cfg, spec, initial, num_clients)
+    def __init__(self, cfg, spec, initial, context):
+        super().__init__(cfg, spec, initial, context)
         self.momentum = np.zeros_like(self.params)
-        # n_k of every client (the runner sets it from the partition); without it p_k is uniform.
-        self.client_sizes: np.ndarray | None = None
         self.draws: dict[int, int] = {}
 
     def configure(self, rnd: int) -> list[tuple[int, dict]]:
-        sizes = self.client_sizes if self.client_sizes is not None else np.ones(self.num_clients)
+        # n_k of every client (from the partition); without them p_k is uniform
+        sizes = self.context.client_sizes if self.context.client_sizes is not None else np.ones(self.num_clients)
         counts = adaptive_selection(sizes, self.num_to_sample(), rng_for(self.cfg["seed"], "select", rnd))
         self.draws = {int(c): int(counts[c]) for c in np.flatnonzero(counts)}
         return [(c, self.client_config(rnd, c)) for c in sorted(self.draws)]

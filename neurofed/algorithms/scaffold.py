@@ -37,7 +37,7 @@ class ScaffoldClient(Client):
     c_i⁺ = c_i − c + (x − y_i)/(K η_l), y_i the upload as sent (after ``federation.update_noise``
     and, under LDP, clipped and noised, as the server sees it: :meth:`uploaded`), kept in
     ``state["c_i"]`` (a flat float32 vector; zero before a client's first round). η_l is this
-    round's learning rate (``federation.lr`` with its schedule, :func:`neurofed.algorithms.base.round_lr`).
+    round's learning rate (``federation.lr`` with its schedule, :func:`neurofed.algorithms.policies.round_lr`).
     """
 
     def begin(self, model) -> None:
@@ -78,8 +78,8 @@ class ScaffoldServer(Server):
     y_i (only the noised upload ever leaves a client), so c = c⁰ + (1/N) Σ_i (c_i − c_i⁰) holds.
     """
 
-    def __init__(self, cfg, spec, initial, num_clients):
-        super().__init__(cfg, spec, initial, num_clients)
+    def __init__(self, cfg, spec, initial, context):
+        super().__init__(cfg, spec, initial, context)
         self.c = np.zeros(spec.size, dtype=np.float32)
 
     def message(self):

@@ -31,7 +31,7 @@ class's rate, before and after training and for absent classes too (so the vecto
 has no zero pattern), and ΔR_k is computed from the noised rates. The noise raises
 E[ΔR_k] by the same 2Cσ² for every client, so the ranking is kept in expectation
 and only its variance grows. The noise comes from the OS's entropy unless
-``federation.privacy_noise: seeded_not_private`` (:mod:`neurofed.fl.privacy`). Each
+``federation.privacy_noise: seeded_not_private`` (:mod:`neurofed.training.privacy`). Each
 rate is clipped to [0, ``algorithm.rate_clip``] first (1 = no-op for binary spikes),
 so the 2C rates before and after training have L2 sensitivity rate_clip·√(2C) over
 any two local datasets, and ΔR_k, a function of them, is (ε, δ)-DP with ε from the
@@ -47,8 +47,8 @@ import torch
 
 from neurofed.algorithms.base import Algorithm, Client, Server, weighted_average
 from neurofed.config import choice, number
-from neurofed.fl.seeds import seed_for
-from neurofed.fl.train import forward_dataset
+from neurofed.seeds import seed_for
+from neurofed.training.local import forward_dataset
 
 
 def rate_layer_mask(model, layers: str = "weights") -> np.ndarray:
@@ -65,7 +65,7 @@ def class_firing_rates(model, x: torch.Tensor, y: torch.Tensor, num_classes: int
     rate (spikes / (neurons × T)); (num_classes,) float64, 0 for absent classes. The layers
     are those of :func:`rate_layer_mask` (``algorithm.rate_layers``).
 
-    One no-grad forward pass (:func:`neurofed.fl.train.forward_dataset`): no
+    One no-grad forward pass (:func:`neurofed.training.local.forward_dataset`): no
     parameter, buffer, gradient or optimizer changes; the encoding draws from ``seed``.
     """
     _, spikes = forward_dataset(model, x, data_cfg, seed, record=True)
@@ -147,7 +147,7 @@ class SFedCA(Algorithm):
 
     @classmethod
     def privacy_mechanisms(cls, cfg: dict, num_classes: int) -> list[dict]:
-        from neurofed.fl.privacy import gaussian_epsilon
+        from neurofed.training.privacy import gaussian_epsilon
 
         algo = cfg["algorithm"]
         sigma = algo.get("rate_noise", 0.0)

@@ -88,14 +88,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from neurofed.algorithms.base import Client, FitResult, Server, weighted_average
+from neurofed.algorithms.base import Client, FitResult, Server, ServerContext, weighted_average
 from neurofed.algorithms.fedavg import FedAvg
 from neurofed.algorithms.fednova import FedNova, FedNovaClient, FedNovaServer
 from neurofed.algorithms.fedprox import FedProx, FedProxClient
 from neurofed.config import boolean, choice, number
 from neurofed.device import model_device
-from neurofed.fl.params import ParamSpec
-from neurofed.fl.seeds import rng_for, seed_for
+from neurofed.training.params import ParamSpec
+from neurofed.seeds import rng_for, seed_for
 
 BANK_SUFFIX = ".bank"  # neurofed.models.factorized: the width-independent filter bank B
 MIX_SUFFIX = ".mix"  # ... and the width-specific mixing factor M^p
@@ -407,12 +407,11 @@ class HeteroServer(Server):
     inner = Server  # the base algorithm's server half
     models_by = "width"
 
-    def __init__(self, cfg: dict, spec: ParamSpec, initial: np.ndarray, num_clients: int):
-        self.cfg, self.spec, self.num_clients = cfg, spec, num_clients
+    def __init__(self, cfg: dict, spec: ParamSpec, initial: np.ndarray, context: ServerContext):
+        self.cfg, self.spec, self.context, self.num_clients = cfg, spec, context, context.num_clients
         a = cfg["algorithm"]
         self.widths = [float(w) for w in a["widths"]]
         self.ref = float(cfg["model"]["width"])
-        self._dataset = None
         self._models: dict[float, torch.nn.Module] = {}
         self.specs: dict[float, ParamSpec] = {}
         init: dict[float, np.ndarray] = {}
@@ -442,7 +441,7 @@ class HeteroServer(Server):
                     self.specs[p].set(model, init[p])
                     initialize(model, cfg, as_tensor(self.dataset.x_train))
                     init[p] = self.specs[p].get(model)
-        self.servers = {p: self.inner(cfg, self.specs[p], init[p], num_clients) for p in self.widths}
+        self.servers = {p: self.inner(cfg, self.specs[p], init[p], context) for p in self.widths}
         self.assigned = self.assign_clients() if a["assign"] == "fixed" else None
 
     # -- the reference model ----------------------------------------------------------
@@ -460,11 +459,11 @@ class HeteroServer(Server):
     # -- models and data the server builds itself ----------------------------------------
     @property
     def dataset(self):
-        if self._dataset is None:
-            from neurofed.data import load_dataset
-
-            self._dataset = load_dataset(self.cfg["data"], self.cfg["seed"])
-        return self._dataset
+        """The run's data set, from the server's context (its models' shapes, the rate batch)."""
+        if self.context.dataset is None:
+            raise ValueError(f"{self.cfg['algorithm']['name']}'s server builds models of other widths: its "
+                             f"ServerContext must hold the run's dataset")
+        return self.context.dataset
 
     def width_model(self, width: float) -> torch.nn.Module:
         """A (cached) model of ``width``: the run's model config at that width."""
@@ -575,8 +574,8 @@ class SFedHIFIServer(HeteroServer):
     None), ``hifi_rates`` (width -> r_L per factorized layer) and ``hifi_choices``.
     """
 
-    def __init__(self, cfg, spec, initial, num_clients):
-        super().__init__(cfg, spec, initial, num_clients)
+    def __init__(self, cfg, spec, initial, context):
+        super().__init__(cfg, spec, initial, context)
         self.mixes = [n for n in spec.names if n.endswith(MIX_SUFFIX)]
         a = cfg["algorithm"]
         if a["fusion"] == "fixed" and not -len(self.mixes) <= a["fusion_layer"] < len(self.mixes):
@@ -642,7 +641,7 @@ class SFedHIFIServer(HeteroServer):
     def layer_rates(self, width: float) -> np.ndarray:
         """r_L (Eq. 7) of each factorized layer of ``width``'s global model: spikes per
         neuron and time step over the rate batch (same encoding draw for every width)."""
-        from neurofed.fl.train import forward_dataset, layer_firing_rates
+        from neurofed.training.local import forward_dataset, layer_firing_rates
 
         model = self.width_model(width)
         self.specs[width].set(model, self.servers[width].params)

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+class DataFileError(ValueError):
+    """A data set file is missing, malformed or not what its layout promises (one line)."""
+
+
 @dataclass
 class Dataset:
     """Train and test split of one dataset, ready for partitioning and encoding.

@@ -47,7 +47,7 @@ def identify(name: str, titles: dict[str, str], files: dict[str, Path], first_la
     ``{"verified": {file: how}, "unverified": [file, ...]}``. Raises a one-line
     DataFileError when they are another set's. ``first_labels``: role -> the first labels
     of an IDX label file; ``table``: the published entries (default: the data file)."""
-    from neurofed.data.images import DataFileError
+    from neurofed.data.base import DataFileError
 
     table = published() if table is None else table
     owner = {digest: (set_name, fname) for set_name, entry in table.items()

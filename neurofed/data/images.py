@@ -49,7 +49,7 @@ from typing import Callable
 import numpy as np
 
 from neurofed.data import register_dataset
-from neurofed.data.base import Dataset
+from neurofed.data.base import DataFileError, Dataset
 from neurofed.data.identify import warn_unverified
 from neurofed.data.cache import build_cached, cache_dir, cache_root, file_stamps, load_cached
 
@@ -61,10 +61,6 @@ NEVER_DOWNLOADS = "neurofed never downloads data sets: copy the published files 
 # A reader maps the found files (role -> path) and the options to, per split, a list
 # of chunks (images (n, C, H, W) uint8, {label array name: (n,) labels}).
 Chunks = dict[str, list[tuple[np.ndarray, dict[str, np.ndarray]]]]
-
-
-class DataFileError(ValueError):
-    """A data set file is missing, malformed or not what its layout promises (one line)."""
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ def apply_subsets(ds, data_cfg: dict, seed: int):
     The cut arrays are in-memory copies of the chosen samples (still uint8 for file
     data sets); ``ds.info["subset"]`` records what was used, for the run's summary.
     """
-    from neurofed.fl.seeds import rng_for
+    from neurofed.seeds import rng_for
 
     used = {}
     for split in ("train", "test"):

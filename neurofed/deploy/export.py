@@ -69,7 +69,7 @@ ROUNDS_KEPT = "best and last"
 def model_file(run_dir: str | Path, model_round: str | int = "last") -> Path:
     """The kept global-model file of ``run_dir`` for ``model_round``: ``best``, ``last``, or a
     round number that is one of those two (a run keeps the best and the last round)."""
-    from neurofed.runfiles import LEGACY_CHECKPOINT, MODEL_BEST, MODEL_LAST, legacy_checkpoint_error, load_state
+    from neurofed.rundir import LEGACY_CHECKPOINT, MODEL_BEST, MODEL_LAST, legacy_checkpoint_error, load_state
 
     run_dir = Path(run_dir)
     if model_round in ("best", "last"):
@@ -101,9 +101,9 @@ def load_global_model(run_dir: str | Path, dataset=None, model_round: str | int 
     count come from it.
     """
     from neurofed.data import load_dataset
-    from neurofed.fl.params import ParamSpec
+    from neurofed.training.params import ParamSpec
     from neurofed.models import build_run_model
-    from neurofed.runfiles import load_state, read_run_config
+    from neurofed.rundir import load_state, read_run_config
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)  # as the run wrote it, defaults filled, validated
@@ -279,7 +279,7 @@ def export_run(run_dir: str | Path, exp=None, profile=DEFAULT_PROFILE, quiet: bo
     """
     run_dir = Path(run_dir)
     if exp is not None and model_round == "last":
-        from neurofed.fl.params import ParamSpec
+        from neurofed.training.params import ParamSpec
 
         model = exp.new_model()
         ParamSpec.from_model(model).set(model, exp.server.params)

@@ -36,7 +36,7 @@ import torch
 from neurofed.deploy import DeployError
 from neurofed.deploy.export import (NET_FILE, check_net_digest, digest_file, export_run, load_global_model,
                                    read_net)
-from neurofed.fl.seeds import describe_measured, measured_on, seed_for
+from neurofed.seeds import describe_measured, measured_on, seed_for
 
 BACKENDS = ("fixed_pt", "loihi2")
 RESULT_FILE = "lava.json"

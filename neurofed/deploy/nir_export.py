@@ -183,7 +183,7 @@ def _real_weight(block) -> np.ndarray:
 
 def node_names(model) -> list[tuple[str, str | None]]:
     """Per layer of ``model.layers``: (synapse node, neuron node); a flatten is one node."""
-    from neurofed.energy.ops import layer_names
+    from neurofed.models.opcounts import layer_names
 
     out = []
     flat = 0
@@ -310,7 +310,7 @@ def synaptic_ops(graph, input_maps: dict) -> dict[str, float]:
     of ``input_maps[name]`` (the node's input spike counts summed over samples and
     steps, NIR's unbatched shape), counted from the graph's own weights: every input
     spike costs one accumulate per output neuron it reaches through a nonzero weight.
-    The rule of :mod:`neurofed.energy.ops`, applied to the NIR nodes (a pool is its
+    The rule of :mod:`neurofed.models.opcounts`, applied to the NIR nodes (a pool is its
     grouped convolution here)."""
     import torch.nn.functional as F
 

@@ -37,7 +37,7 @@ from neurofed.deploy import DeployError
 from neurofed.deploy.lava_run import (SpikeStats, _cpus, agreement_head, input_spikes, layer_seeds, predict,
                                       raster_shares, torch_reference)
 from neurofed.deploy.nir_export import NIR_FILE, export_nir_run, graph_meta, node_names, read_nir, synaptic_ops
-from neurofed.fl.seeds import measured_on, seed_for
+from neurofed.seeds import measured_on, seed_for
 
 RESULT_FILE = "nir.json"  # {simulator: result}
 
@@ -211,9 +211,9 @@ def simulate(graph, sim: Simulator, spikes: np.ndarray, seed: int, lif_names: li
 
 def energy_rows(model, graph, spikes: np.ndarray, stats: SpikeStats, torch_stats: SpikeStats) -> list[dict]:
     """Per synapse node: synaptic operations per sample counted on the NIR graph from
-    the simulator's spikes, next to neurofed's count (:mod:`neurofed.energy.ops`)
+    the simulator's spikes, next to neurofed's count (:mod:`neurofed.models.opcounts`)
     from torch's spikes."""
-    from neurofed.energy.ops import count_layers, synapse_masks
+    from neurofed.models.opcounts import count_layers, synapse_masks
 
     n = spikes.shape[0]
     first = torch.from_numpy(spikes.sum((0, -1)).astype(np.float64))

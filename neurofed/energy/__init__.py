@@ -1,6 +1,6 @@
 """Energy: op counts per layer from measured spikes, hardware profiles, reports.
 
-- :mod:`~neurofed.energy.ops`: MACs, synaptic ops (exact and the papers' approximation),
+- :mod:`~neurofed.models.opcounts`: MACs, synaptic ops (exact and the papers' approximation),
   membrane updates per layer; NeuroBench names.
 - :mod:`~neurofed.energy.spikes`: spike counts from a torch pass or Lava's lava.json.
 - :mod:`~neurofed.energy.profiles`: ``hw_profiles/*.yaml`` (pJ per op, with sources).

@@ -1,7 +1,7 @@
 """The papers' energy formulas, next to neurofed's exact count (``energy.convention``).
 
 ``exact`` (the default) prices the measured synaptic operations of every layer with
-synapses, pools included (:mod:`neurofed.energy.ops`). ``paper`` makes a run's headline
+synapses, pools included (:mod:`neurofed.models.opcounts`). ``paper`` makes a run's headline
 the formula of the paper its algorithm comes from, so that it can be set beside that
 paper's table; every ``energy.json`` holds each of them in ``paper_conventions``. Each
 counts arithmetic only (E_MAC, E_AC of the profile; no neuron updates or spikes).

@@ -2,7 +2,7 @@
 
 ``energy_for_run(run_dir)`` loads the global model, counts spikes (torch pass over
 the test set, or Lava's ``lava.json``), counts operations per layer
-(:mod:`neurofed.energy.ops`), prices them on each profile and writes
+(:mod:`neurofed.models.opcounts`), prices them on each profile and writes
 ``RUN_DIR/energy.json`` plus ``RUN_DIR/plots/energy_layers.png`` (FedSNN Fig. 9
 shape) and ``plots/training_energy.png`` (SFedCA Fig. 8 shape).
 ``energy_report(run_dirs, out)`` puts several runs side by side (markdown, CSV, PNG).
@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from neurofed.energy.conventions import PAPERS, paper_energy, paper_for
-from neurofed.energy.ops import count_layers, neurobench_summary, synapse_masks
+from neurofed.models.opcounts import count_layers, neurobench_summary, synapse_masks
 from neurofed.energy.profiles import ENERGY_DEFAULTS, Profile, load_profiles
 from neurofed.energy.spikes import LAVA_FILE, SpikeMaps, measure_torch, read_lava, read_lava_record
-from neurofed.fl.seeds import describe_measured, measured_on, same_measurement
+from neurofed.seeds import describe_measured, measured_on, same_measurement
 
 DEFAULT_PROFILES = ENERGY_DEFAULTS["profiles"]
 ENERGY_FILE = "energy.json"
@@ -77,7 +77,7 @@ def load_run(run_dir: str | Path, exp=None, model_round: str | int = "last") -> 
 
 
 def _measure(run: LoadedRun, spikes: str, samples: int | None) -> SpikeMaps:
-    from neurofed.fl.seeds import seed_for
+    from neurofed.seeds import seed_for
 
     cfg = run.cfg
     x, y = run.x_test, run.y_test

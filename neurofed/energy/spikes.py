@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from neurofed.energy.ops import first_synaptic, input_totals_from_outputs, uniform_maps
-from neurofed.fl.train import forward_dataset
+from neurofed.models.opcounts import first_synaptic, input_totals_from_outputs, uniform_maps
+from neurofed.training.local import forward_dataset
 
 
 @dataclass
@@ -37,7 +37,7 @@ class SpikeMaps:
 @torch.no_grad()
 def measure_torch(model, x: torch.Tensor, data_cfg: dict, seed: int, y: torch.Tensor | None = None,
                   batch_size: int = 256) -> SpikeMaps:
-    """Run ``model`` over ``x`` (as :func:`neurofed.fl.train.evaluate` does, same
+    """Run ``model`` over ``x`` (as :func:`neurofed.training.local.evaluate` does, same
     encoding seed) and sum every block's input per position and its output spikes."""
     n_layers = len(model.layers)
     in_sum: list = [None] * n_layers

@@ -41,8 +41,8 @@ def layer_names(model) -> list[str]:
 def start_rates(model, cfg: dict, x_train: torch.Tensor) -> list[float]:
     """Each spiking layer's firing rate (spikes / neuron / step) on the samples the
     calibration uses (:func:`neurofed.models.init.calibration_indices`)."""
-    from neurofed.fl.seeds import seed_for
-    from neurofed.fl.train import forward_dataset, layer_firing_rates
+    from neurofed.seeds import seed_for
+    from neurofed.training.local import forward_dataset, layer_firing_rates
     from neurofed.models.init import calibration_indices
 
     idx, _ = calibration_indices(cfg, len(x_train))

@@ -2,7 +2,7 @@
 
 A SuperNode trains the partition its node config names (``partition-id``, of
 ``num-partitions`` = ``partition.num_clients``); it loads the data set and cuts the
-shards exactly as the in-process runner does (:func:`neurofed.fl.runner.load_partitioned`,
+shards exactly as the in-process runner does (:func:`neurofed.fl.experiment.load_partitioned`,
 same seed, same shards) and keeps its own. ``train`` runs ``Algorithm.Client.fit``
 on the message's arrays and config (a heterogeneous-width client half, e.g. SFedHIFI's,
 trains the model of ``config["width"]``); the client's persistent state (SCAFFOLD's c_i,
@@ -37,10 +37,10 @@ from flwr.common.constant import ErrorCode
 from neurofed.algorithms import get_algorithm_class
 from neurofed.algorithms.base import ClientData
 from neurofed.data.encoding import as_tensor
-from neurofed.fl.params import ParamSpec
-from neurofed.fl.runner import configure_compute, load_partitioned
-from neurofed.fl.seeds import seed_for
-from neurofed.fl.train import evaluate
+from neurofed.training.params import ParamSpec
+from neurofed.fl.experiment import configure_compute, load_partitioned
+from neurofed.seeds import seed_for
+from neurofed.training.local import evaluate
 from neurofed.flower.records import from_arrays, from_config, load_state, save_state, to_arrays, to_metrics
 from neurofed.flower.settings import experiment_config, settings
 from neurofed.flower.strategy import EXTRA_KEY, NODE_KEY, NUM_EXAMPLES, TARGET_KEY, TIMING_KEY

@@ -1,6 +1,6 @@
 """The neurofed ``ServerApp``: ``neurofed run`` with its clients on SuperNodes.
 
-The run is the in-process one (:func:`neurofed.fl.runner.run`: config.yaml,
+The run is the in-process one (:func:`neurofed.pipeline.run`: config.yaml,
 metrics.jsonl, summary.json, checkpoint, plots, export/Lava/energy steps) with one
 difference: :class:`FlowerExperiment` trains each round through
 :class:`~neurofed.flower.strategy.AlgorithmStrategy` and the Flower grid instead of
@@ -17,7 +17,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from neurofed.algorithms import get_algorithm_class
 from neurofed.config import ConfigError
-from neurofed.fl.runner import Experiment, RoundTraining, run
+from neurofed.fl.experiment import Experiment, RoundTraining
+from neurofed.pipeline import run
 from neurofed.flower.settings import experiment_config, run_dir, settings
 from neurofed.flower.strategy import AlgorithmStrategy, exchange
 

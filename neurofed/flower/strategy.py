@@ -12,7 +12,7 @@ half aggregates the top P), and so do the heterogeneous-width ones (SFedHIFI, th
 as in the in-process runner.
 
 neurofed addresses clients by partition id (the shard index of
-:func:`neurofed.fl.runner.load_partitioned`); Flower addresses SuperNodes by node
+:func:`neurofed.fl.experiment.load_partitioned`); Flower addresses SuperNodes by node
 id. Each SuperNode declares its shard in its node config (``partition-id``,
 ``num-partitions``; the simulation engine sets both), and the strategy learns the
 mapping by sending a ``query`` message to every node it has not heard from yet.
@@ -30,10 +30,10 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from neurofed.algorithms.base import FitResult
+from neurofed.algorithms.base import FitResult, screen_update
 from neurofed.config import ConfigError
-from neurofed.fl.params import ParamSpec
-from neurofed.fl.runner import RoundTraining
+from neurofed.training.params import ParamSpec
+from neurofed.fl.experiment import RoundTraining
 from neurofed.flower.records import from_arrays, from_metrics, to_arrays, to_config, to_metrics
 
 # Record keys of the messages (beside Flower's conventional "arrays"/"config"/"metrics").
@@ -65,7 +65,7 @@ class AlgorithmStrategy(Strategy):
 
     ``configure_train``: ``server.configure(round)`` picks the partitions and each
     one's config; FedSNN's straggler rule (``survivors(round, cids)``, the runner's
-    :meth:`~neurofed.fl.runner.Experiment.survivors`) drops some; every remaining
+    :meth:`~neurofed.fl.experiment.Experiment.survivors`) drops some; every remaining
     partition gets a ``train`` message at the SuperNode serving it, holding
     ``"arrays"`` = ``server.message_for(cid, config)`` (global parameters plus server
     state such as SCAFFOLD's c; for servers with one global model per width, e.g.
@@ -197,9 +197,7 @@ class AlgorithmStrategy(Strategy):
     def fit_result(self, cid: int, reply: Message, config: dict) -> FitResult:
         """The reply of partition ``cid``, trained with ``config``, as the server half sees it."""
         content = reply.content
-        flat = self.server.spec_for(config).pack(from_arrays(content["arrays"]))
-        if not np.all(np.isfinite(flat)):
-            raise FloatingPointError("update has non-finite values")
+        flat = screen_update(self.server.spec_for(config), from_arrays(content["arrays"]))
         metrics = from_metrics(content["metrics"], content[EXTRA_KEY] if EXTRA_KEY in content else None)
         return FitResult(cid, flat, int(metrics.pop(NUM_EXAMPLES)), metrics)
 

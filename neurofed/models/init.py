@@ -134,7 +134,7 @@ def _run(model, indices: list[int], h: torch.Tensor) -> torch.Tensor:
 def calibration_indices(cfg: dict, num_train: int) -> tuple[torch.Tensor, torch.Generator]:
     """The ``model.init_samples`` training samples the calibration (and the run's start-up
     health check) use, drawn from the run's seed, and the generator after the draw."""
-    from neurofed.fl.seeds import seed_for
+    from neurofed.seeds import seed_for
 
     gen = torch.Generator().manual_seed(seed_for(cfg["seed"], "init_batch"))
     n = min(int(cfg["model"].get("init_samples", 64)), num_train)

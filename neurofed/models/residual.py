@@ -18,7 +18,7 @@ too, to meet the conv path in time (with ``model.delay_shift: false`` neither is
 
 Netx loads feed-forward chains only: :attr:`ResidualJoin.export_refusal` is the reason
 ``neurofed export`` gives. The energy module counts the 3×3 synapse as any conv layer and
-the shortcut from the spikes that enter it (``neurofed.energy.ops``).
+the shortcut from the spikes that enter it (``neurofed.models.opcounts``).
 
 Kept free of :mod:`neurofed.models.snn` (which imports this module): SLAYER comes from
 :mod:`neurofed.compat`.

@@ -41,7 +41,7 @@ def _init_worker(threads: int) -> None:
 
 def _execute(task: dict) -> dict:
     """Run one grid point × seed; never raises (a failure is written to error.txt)."""
-    from neurofed.fl import runner
+    from neurofed.pipeline import run
 
     out = Path(task["out"])
     err = out / "error.txt"
@@ -49,7 +49,7 @@ def _execute(task: dict) -> dict:
     try:
         if err.exists():
             err.unlink()
-        summary = runner.run(task["cfg"], out, resume=task["resume"], progress=False)
+        summary = run(task["cfg"], out, resume=task["resume"], progress=False)
         return {"run": task["run"], "ok": True, "final_accuracy": summary.get("final_accuracy")}
     except Exception as exc:
         line = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -60,7 +60,8 @@ def _execute(task: dict) -> dict:
 
 def _plan(sweep: Sweep, configs: dict[str, dict], out: Path, resume: bool) -> tuple[list[dict], int]:
     """The runs still to do (and how many are already finished)."""
-    from neurofed.fl.runner import RUN_FILES, _comparable
+    from neurofed.fl.resume import comparable_config
+    from neurofed.rundir import RUN_FILES
 
     runs_dir = out / "runs"
     tasks, done = [], 0
@@ -75,7 +76,7 @@ def _plan(sweep: Sweep, configs: dict[str, dict], out: Path, resume: bool) -> tu
                 continue
             if resume and (rdir / "config.yaml").exists():
                 old = yaml.safe_load((rdir / "config.yaml").read_text())
-                if _comparable(old) != _comparable(cfg):
+                if comparable_config(old) != comparable_config(cfg):
                     raise ConfigError(f"--resume: {rdir} was run with a different config than the sweep now gives; "
                                       f"only federation.rounds may change (use another --out for a new sweep)")
             summary = rdir / "summary.json"

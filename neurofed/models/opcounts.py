@@ -129,7 +129,7 @@ def _counter(layer: Layer) -> Callable:
         return COUNTERS[layer.kind]
     except KeyError:
         raise ValueError(f"energy: no op counter for layer kind {layer.kind!r}; known: "
-                         f"{', '.join(COUNTERS)} (register one with neurofed.energy.ops.register_counter)") from None
+                         f"{', '.join(COUNTERS)} (register one with neurofed.models.opcounts.register_counter)") from None
 
 
 # --------------------------------------------------------------------------- weights

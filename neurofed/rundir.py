@@ -1,4 +1,5 @@
-"""Run files that hold data only: checkpoints and global models as ``.npz`` + JSON.
+"""The run directory: its file names, the :class:`RunDir` that training writes and
+export, Lava, NIR and energy read, and its state files (data only, ``.npz`` + JSON).
 
 A run directory may come from someone else, so nothing read from it may execute
 code. A state (nested dicts, lists, tuples, numbers, strings and numpy arrays) is
@@ -49,6 +50,8 @@ RUN_OUTPUTS = ("config.yaml", "partition.json", "metrics.jsonl", "summary.json",
                "hardware.json", "lava.json", "lava_layer_spikes.npy", "lava_neuron_spikes.npz", "model.nir",
                "nir.json", "nir_*", "energy*")
 METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+RUN_FILES = (METRICS, SUMMARY, CHECKPOINT, LEGACY_CHECKPOINT)  # any of them: a run was started here
 
 
 class RunFileError(ConfigError):
@@ -96,6 +99,48 @@ def read_run_config(run_dir: Path) -> dict:
         raise RunFileError(f"{path}: {str(exc).splitlines()[0]}") from None
     except Exception as exc:  # a section that is not a mapping, read by a component's resolve
         raise RunFileError(f"{path}: not a run's config ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+
+
+class RunDir:
+    """One run's folder: what training writes there and how the later steps read it."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def config(self) -> dict:
+        """``config.yaml``, validated (:func:`read_run_config`)."""
+        return read_run_config(self.path)
+
+    def read_metrics(self, upto: int) -> tuple[list[dict], list[str]]:
+        """Rounds 1..``upto`` of ``metrics.jsonl`` and notes (:func:`read_metrics`)."""
+        return read_metrics(self.path, upto)
+
+    def append_metrics(self, record: dict) -> None:
+        append_metrics(self.path, record)
+
+    def rewrite_metrics(self, history: list[dict]) -> None:
+        """``metrics.jsonl`` replaced, at once, by ``history``'s lines."""
+        write_atomic(self.path / METRICS, "".join(json.dumps(h) + "\n" for h in history).encode())
+
+    def write_summary(self, summary: dict) -> None:
+        write_atomic(self.path / SUMMARY, json.dumps(summary, indent=2).encode())
+
+    def summary(self) -> dict:
+        return json.loads((self.path / SUMMARY).read_text())
+
+    def save(self, name: str, state: dict, kind: str) -> None:
+        """A state file (``checkpoint`` or ``model``) in this folder (:func:`save_state`)."""
+        save_state(self.path / name, state, kind)
+
+    def load(self, name: str, kind: str) -> dict:
+        return load_state(self.path / name, kind)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` whole or keeps what it held: a kill never leaves half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- metrics.jsonl
@@ -275,7 +320,7 @@ def legacy_checkpoint_error(run_dir: Path) -> RunFileError:
     return RunFileError(
         f"{run_dir / LEGACY_CHECKPOINT}: pickle checkpoint from an older neurofed, not loaded (a pickle can run code); "
         f"re-run the experiment, or if you wrote it yourself convert it with "
-        f"`python -m neurofed.runfiles convert-legacy {run_dir} --trusted`")
+        f"`python -m neurofed.rundir convert-legacy {run_dir} --trusted`")
 
 
 def convert_legacy(run_dir: str | Path) -> Path:
@@ -296,12 +341,12 @@ def convert_legacy(run_dir: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m neurofed.runfiles convert-legacy RUN_DIR --trusted``."""
+    """``python -m neurofed.rundir convert-legacy RUN_DIR --trusted``."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (2, 3) or args[0] != "convert-legacy" or args[2:] not in ([], ["--trusted"]):
-        print("usage: python -m neurofed.runfiles convert-legacy RUN_DIR --trusted", file=sys.stderr)
+        print("usage: python -m neurofed.rundir convert-legacy RUN_DIR --trusted", file=sys.stderr)
         return 2
     old = Path(args[1]) / LEGACY_CHECKPOINT
     if args[2:] != ["--trusted"]:

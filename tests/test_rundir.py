@@ -1,4 +1,4 @@
-"""Run files hold data only (neurofed.runfiles): nothing read from a run directory
+"""Run files hold data only (neurofed.rundir): nothing read from a run directory
 executes code, damaged or foreign files give one line naming the file (exit 2), the
 best and the last global model are kept, and configs that would silently run
 something else are refused."""
@@ -15,7 +15,7 @@ import pytest
 from conftest import tiny_overrides
 from neurofed.cli import main
 from neurofed.config import ConfigError, load_config
-from neurofed.runfiles import (CHECKPOINT, MODEL_BEST, MODEL_LAST, RunFileError, convert_legacy, load_state,
+from neurofed.rundir import (CHECKPOINT, MODEL_BEST, MODEL_LAST, RunFileError, convert_legacy, load_state,
                                save_state)
 
 
@@ -32,7 +32,7 @@ class Payload:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished 3-round run (the model files of best and last round)."""
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     out = tmp_path_factory.mktemp("run") / "r"
     run(load_config(None, tiny_overrides(**{"federation.rounds": 3})), out, progress=False, after=False)
@@ -165,11 +165,11 @@ def test_legacy_conversion_is_explicit(finished, tmp_path):
     for name in (CHECKPOINT, MODEL_LAST, MODEL_BEST):
         (out / name).unlink()
     (out / "checkpoint.pkl").write_bytes(pickle.dumps(state))
-    from neurofed.runfiles import main as runfiles_main
+    from neurofed.rundir import main as rundir_main
 
-    assert runfiles_main(["convert-legacy", str(out)]) == 2  # refused without --trusted
+    assert rundir_main(["convert-legacy", str(out)]) == 2  # refused without --trusted
     assert not (out / CHECKPOINT).exists()
-    assert runfiles_main(["convert-legacy", str(out), "--trusted"]) == 0
+    assert rundir_main(["convert-legacy", str(out), "--trusted"]) == 0
     back = load_state(out / CHECKPOINT, "checkpoint")
     assert np.array_equal(back["server"]["params"], state["server"]["params"])
     assert load_state(out / MODEL_LAST, "model")["round"] == 3
@@ -222,8 +222,8 @@ def test_lava_and_energy_take_the_round(run_dir, capsys):
 
 def test_the_model_of_the_round_asked_for_is_the_one_evaluated(run_dir):
     from neurofed.deploy.export import load_global_model
-    from neurofed.fl.seeds import seed_for
-    from neurofed.fl.train import evaluate
+    from neurofed.seeds import seed_for
+    from neurofed.training.local import evaluate
     import torch
 
     for sel in ("best", "last"):
@@ -237,7 +237,7 @@ def test_the_model_of_the_round_asked_for_is_the_one_evaluated(run_dir):
 def test_a_kill_between_files_loses_no_best_model(tmp_path):
     """model_best.npz is restored from the checkpoint at resume, so a kill after a
     best-round model file was written (but before its checkpoint) changes nothing."""
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     cfg = load_config(None, tiny_overrides(**{"federation.rounds": 3, "federation.privacy_noise": "seeded_not_private"}))
     short = json.loads(json.dumps(cfg))
@@ -295,7 +295,7 @@ def test_cli_refuses_an_empty_config_with_exit_2(tmp_path, capsys):
 
 
 def test_resume_without_a_checkpoint_is_announced(tmp_path, capsys):
-    from neurofed.fl.runner import prepare_run_dir
+    from neurofed.fl.resume import prepare_run_dir
 
     cfg = load_config(None, tiny_overrides())
     assert prepare_run_dir(tmp_path / "new", cfg, resume=True) is None

@@ -10,13 +10,12 @@ from __future__ import annotations
 import queue
 import threading
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from neurofed.data.encoding import encode_for
 from neurofed.device import model_device
-from neurofed.fl import progress
+from neurofed import progress
 
 
 def make_optimizer(parameters, fed_cfg: dict) -> torch.optim.Optimizer:
@@ -188,7 +187,3 @@ def evaluate(model, x: torch.Tensor, y: torch.Tensor, cfg: dict, seed: int) -> d
         # Mean over all neurons of the network (what an energy estimate weights by).
         result["firing_rate"] = float(spikes.double().sum(1).mean() / (neurons.sum() * timesteps))
     return result
-
-
-def label_counts(y: torch.Tensor | np.ndarray, num_classes: int) -> list[int]:
-    return np.bincount(np.asarray(y), minlength=num_classes).tolist()

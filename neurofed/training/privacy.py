@@ -38,7 +38,7 @@ import os
 
 import numpy as np
 
-from neurofed.fl.seeds import rng_for
+from neurofed.seeds import rng_for
 
 OS_ENTROPY = "os_entropy"
 SEEDED = "seeded_not_private"
