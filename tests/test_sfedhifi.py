@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from neurofed.algorithms import get_algorithm_class
 from neurofed.algorithms.base import ServerContext
 from neurofed.algorithms.base import FitResult
-from neurofed.algorithms.sfedhifi import canonical_signs, choose_layer, default_ranks, fixed_ranks, tucker_fuse
+from neurofed.algorithms.sfedhifi.fusion import canonical_signs, choose_layer, default_ranks, fixed_ranks, tucker_fuse
 from neurofed.config import DEFAULTS, ConfigError, load_config
 from neurofed.deploy.export import export_model, read_net
 from neurofed.models import build_model, register_topology
