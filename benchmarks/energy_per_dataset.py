@@ -85,7 +85,7 @@ def main() -> int:
             print(f"{name}: {time.perf_counter() - t:.0f} s")
         log.append({"run": name, "command": "neurofed " + " ".join(cmd[3:]),
                     "summary": json.loads((out / "summary.json").read_text())})
-    from neurofed.energy.report import energy_report
+    from neurofed.energy.table import energy_report
 
     dirs = [runs_dir / r["run"] for r in log]
     res = energy_report([str(d) for d in dirs], args.out)

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     from neurofed.deploy.export import load_global_model
     from neurofed.deploy.lava_run import input_spikes
     from neurofed.deploy.nir_export import NIR_FILE, export_nir_run, graph_meta, node_names, read_nir
-    from neurofed.deploy.nir_run import get_simulator
+    from neurofed.deploy.nir_simulators import get_simulator
     from neurofed.seeds import seed_for
 
     torch.set_num_threads(1)

@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from neurofed.config import DEVICE_HELP, ConfigError, check_device
+from neurofed.config.checks import DEVICE_HELP, ConfigError, check_device
 
 def _no_gpu_reason() -> str:
     if torch.version.cuda is None:
@@ -81,7 +81,7 @@ def configure_cuda(tf32="auto", gpu_kernels=False) -> None:
         torch.backends.cudnn.allow_tf32 = bool(tf32)
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:
@@ -118,7 +118,7 @@ def describe_device(device: torch.device) -> dict:
                     tf32_conv=torch.backends.cudnn.allow_tf32, tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
                     fused_cuba=_fused_cuba())
     else:
-        info.update(name=_cpu_name(), threads=torch.get_num_threads())
+        info.update(name=cpu_name(), threads=torch.get_num_threads())
     return info
 
 

@@ -135,7 +135,7 @@ def _energy_per_model(out: Path, cfg: dict, exp) -> None:
     import json
 
     from neurofed.energy.profiles import load_profiles
-    from neurofed.energy.report import compute_energy
+    from neurofed.energy.pricing import compute_energy
     from neurofed.energy.spikes import measure_torch
     from neurofed.models.opcounts import synapse_masks
     from neurofed.training.params import ParamSpec

@@ -62,7 +62,7 @@ def isa_class() -> str:
 def environment() -> dict:
     """The stamp summary.json carries (call after training: the kernel variant is
     the one patched into SLAYER at that point; None when SLAYER is stock)."""
-    from neurofed.device import _cpu_name
+    from neurofed.device import cpu_name
     from neurofed.kernels import is_enabled, variant
 
     def safe(fn):
@@ -73,7 +73,7 @@ def environment() -> dict:
 
     return {"neurofed": neurofed_version(), "git_commit": git_commit(), "kernel_variant": safe(lambda: variant() if is_enabled() else None),
             "torch": _version("torch"), "lava_dl": _version("lava-dl"), "lava_nc": _version("lava-nc"),
-            "cpu": safe(_cpu_name), "isa": safe(isa_class), "python": platform.python_version()}
+            "cpu": safe(cpu_name), "isa": safe(isa_class), "python": platform.python_version()}
 
 
 def version_line() -> str:

@@ -16,7 +16,8 @@ import pytest
 
 from conftest import tiny_overrides
 from neurofed.cli import main
-from neurofed.config import MAX_PROBLEMS, ConfigError, load_config
+from neurofed.config import ConfigError, load_config
+from neurofed.config.checks import MAX_PROBLEMS
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_fedavg.yaml"
 
@@ -378,7 +379,8 @@ def test_a_published_checksum_of_another_set_is_refused(tmp_path):
     publishers') identifies a file as another set's whatever its name."""
     from dataset_files import write_mnist
     from neurofed.data.identify import identify, md5
-    from neurofed.data.images import IMAGE_SETS, MNIST, DataFileError
+    from neurofed.data.base import DataFileError
+    from neurofed.data.image_formats import IMAGE_SETS, MNIST
 
     write_mnist(tmp_path, 20, 10, gz=True)
     files = MNIST.find(tmp_path)[2]

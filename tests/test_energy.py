@@ -14,7 +14,7 @@ import yaml
 
 from neurofed.models.opcounts import count_layers, synapse_masks
 from neurofed.energy.profiles import ProfileError, load_profile, load_profiles, parse_profile, profile_names
-from neurofed.energy.report import price
+from neurofed.energy.pricing import price
 from neurofed.models.spec import Layer, resolve
 
 CMOS_INT = load_profile("cmos45_int")  # MAC 3.2 pJ, AC 0.1 pJ
@@ -295,7 +295,7 @@ def test_training_energy_from_metrics(two_runs):
 
 
 def test_energy_report_over_two_runs(two_runs, tmp_path):
-    from neurofed.energy.report import energy_report
+    from neurofed.energy.table import energy_report
 
     res = energy_report([str(d) for d in two_runs], tmp_path / "rep", profiles=["cmos45_int", "loihi"])
     rows = list(csv.DictReader((tmp_path / "rep" / "energy_report.csv").open()))
@@ -386,7 +386,7 @@ def test_lava_spikes_give_the_torch_count(two_runs):
 
 def test_two_weight_layers_and_a_pool_by_hand_under_each_convention():
     # conv 1→2 (k 1) on 1×2×2 – pool 2 – flatten – dense 2→1; T = 2, one sample.
-    from neurofed.energy.report import compute_energy
+    from neurofed.energy.pricing import compute_energy
     from neurofed.energy.spikes import SpikeMaps
 
     layers = resolve([Layer("conv", 2, kernel=1), Layer("pool", kernel=2, stride=2), Layer("flatten"),
@@ -430,14 +430,14 @@ def test_two_weight_layers_and_a_pool_by_hand_under_each_convention():
 def test_ann_run_energy_follows_the_convention():
     # conv 1→2 (k 1) on 1×2×2 – pool 2 – flatten – dense 2→1, as above: exact 18 MACs (pool
     # included); FedSNN / SFedCA 10 (weight layers only); SFedHIFI's count 27.
-    from neurofed.energy.report import _ann_only
+    from neurofed.energy.pricing import ann_only
 
     layers = resolve([Layer("conv", 2, kernel=1), Layer("pool", kernel=2, stride=2), Layer("flatten"),
                       Layer("dense", 1)], (1, 2, 2))
     fp32 = load_profile("cmos45_fp32")
     mac = 4.6 * PJ
-    assert _ann_only(layers, [fp32])["ann_energy_j"] == pytest.approx(18 * mac)
+    assert ann_only(layers, [fp32])["ann_energy_j"] == pytest.approx(18 * mac)
     for algorithm, macs in (("fedavg", 10), ("sfedca", 10), ("sfedhifi", 27)):
-        e = _ann_only(layers, [fp32], convention="paper", algorithm=algorithm)
+        e = ann_only(layers, [fp32], convention="paper", algorithm=algorithm)
         assert e["ann_energy_j"] == pytest.approx(macs * mac) and e["snn_energy_j"] is None
         assert e["profiles"]["cmos45_fp32"]["exact"]["ann_energy_j"] == pytest.approx(18 * mac)

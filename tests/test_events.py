@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from neurofed.data import load_dataset
+from neurofed.data import event_frames
 from neurofed.data import events as ev
 from neurofed.data import synthetic_events as se
 
@@ -206,8 +207,8 @@ def test_second_load_reads_the_cache_without_binning(tmp_path, monkeypatch):
     def no_binning(*args, **kwargs):
         raise AssertionError("re-binned although the frames are cached")
 
-    monkeypatch.setattr(ev, "_bin_split", no_binning)
-    monkeypatch.setattr(ev.EventFrames, "__call__", no_binning)
+    monkeypatch.setattr(event_frames, "_bin_split", no_binning)
+    monkeypatch.setattr(event_frames.EventFrames, "__call__", no_binning)
     second = load_dataset(cfg("nmnist", tmp_path))
     assert isinstance(second.x_train, np.memmap) and second.info["cache"] == str(folder)
     assert np.array_equal(second.x_train, first.x_train) and np.array_equal(second.y_test, first.y_test)
@@ -357,7 +358,7 @@ def test_digits_events_frames_are_the_generator_through_the_pipeline(digits_even
     _, test_idx = train_test_split(np.arange(len(images)), test_size=0.25,
                                    stratify=load_digits().target, random_state=0)
     events, offsets = se.simulate_saccades(images[test_idx[:2]])
-    pipeline = ev.EventFrames(se.SENSOR_SIZE, 8)
+    pipeline = event_frames.EventFrames(se.SENSOR_SIZE, 8)
     for i in range(2):
         assert np.array_equal(digits_events.x_test[i], pipeline(events[offsets[i]:offsets[i + 1]]))
 

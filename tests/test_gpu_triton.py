@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 from neurofed import kernels  # noqa: E402
 from neurofed.compat import slayer  # noqa: E402
 from neurofed.gpu import cuba_triton  # noqa: E402
-from neurofed.kernels import ops, patches  # noqa: E402
+from neurofed.kernels import ops, replacements  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(not cuba_triton.available(), reason="Triton is not installed"),
@@ -58,7 +58,7 @@ def _inputs(shape, seed, grid=64):
 def test_forward_and_backward_equal_the_cpu_kernel(interpret, shift, vdecay):
     neuron = _neuron(vdecay=vdecay)
     z = _inputs((3, 50, 37), seed=1)  # R = 150 rows: two Triton programs, one partly masked
-    p = patches._cuba_constants(neuron)
+    p = replacements.cuba_constants(neuron)
     state = torch.zeros(z.shape[:-1])
     grad = torch.randn(z.shape, generator=torch.Generator().manual_seed(2))
     outs = {}
@@ -81,7 +81,7 @@ def test_last_states_and_nonzero_initial_states_equal_the_cpu_kernel(interpret, 
     g = torch.Generator().manual_seed(5)
     cstate = torch.randint(-64, 64, z.shape[:-1], generator=g).float() / 64
     vstate = torch.randint(-64, 80, z.shape[:-1], generator=g).float() / 64
-    p = patches._cuba_constants(neuron)
+    p = replacements.cuba_constants(neuron)
     ref = ops._FusedCuba.apply(z, cstate, vstate, p, True, False, False)
     got = cuba_triton.FusedCuba.apply(z, cstate, vstate, p, True, False, False)
     for a, b in zip(ref, got):
@@ -96,7 +96,7 @@ def test_forward_equals_stock_slayer_with_threshold_landings(interpret):
     with kernels.enabled(False):
         stock = neuron(z)
     got, _, _ = cuba_triton.FusedCuba.apply(z, torch.zeros(1, 4), torch.zeros(1, 4),
-                                            patches._cuba_constants(neuron), False, False, False)
+                                            replacements.cuba_constants(neuron), False, False, False)
     # v = 0.5, 1.0 (= theta: no spike, no reset), 1.5 (spike, reset), 0.5, 1.0, 1.5 (spike)
     assert stock[0, 0].tolist() == [0.0, 0.0, 1.0, 0.0, 0.0, 1.0]
     assert torch.equal(got, stock)
@@ -131,7 +131,7 @@ def test_digits_cnn_training_step_through_the_triton_path_equals_stock(interpret
         return outs[1:], loss.detach(), [p.grad for p in model.parameters() if p.grad is not None]
 
     stock = step(False)
-    monkeypatch.setattr(patches, "_fused_cuba_fn", lambda _input: Counted)
+    monkeypatch.setattr(replacements, "_fused_cuba_fn", lambda _input: Counted)
     fast = step(True)
     assert len(calls) >= 3, "the Triton kernel was not used"
     assert stock[0][0].sum() > 1000 and stock[0][2].sum() > 100  # the conv layers spike
@@ -147,7 +147,7 @@ def test_on_the_gpu_triton_equals_the_cpu_kernel(shift):
     CUDA's expf (the only operation not the CPU's: an ulp, carried through the sums)."""
     neuron = _neuron()
     z = _inputs((8, 300, 24), seed=7)
-    p = patches._cuba_constants(neuron)
+    p = replacements.cuba_constants(neuron)
     state = torch.zeros(z.shape[:-1])
     grad = torch.randn(z.shape, generator=torch.Generator().manual_seed(8))
     xc = z.clone().requires_grad_(True)

@@ -176,7 +176,8 @@ def test_every_accuracy_names_its_samples_and_input_draw(energy_run, capsys):
 
 
 def test_energy_lines_say_what_each_figure_is(energy_run):
-    from neurofed.energy.report import energy_for_run, format_summary
+    from neurofed.energy.report import energy_for_run
+    from neurofed.energy.text import format_summary
 
     out, _ = energy_run
     exact = energy_for_run(out, samples=20, write=False, plots=False)

@@ -10,9 +10,10 @@ import importlib
 
 from neurofed.algorithms.base import Algorithm
 from neurofed.config import Section, deep_merge, register_section
+from neurofed.registry import Registry
 
-# name -> "module:Class"
-_MODULES = {
+# name -> "module:Class", imported on first use
+ALGORITHMS = Registry("algorithm.name", "algorithm", {
     "fedavg": "neurofed.algorithms.fedavg:FedAvg",
     "fedprox": "neurofed.algorithms.fedprox:FedProx",
     "scaffold": "neurofed.algorithms.scaffold:Scaffold",
@@ -27,29 +28,27 @@ _MODULES = {
     "hetero_fedavg": "neurofed.algorithms.sfedhifi:HeteroFedAvg",
     "hetero_fedprox": "neurofed.algorithms.sfedhifi:HeteroFedProx",
     "hetero_fednova": "neurofed.algorithms.sfedhifi:HeteroFedNova",
-}
+})
 
 
 def register(name: str, target: str) -> None:
-    _MODULES[name] = target
+    """Register the algorithm class ``target`` ("module:Class") as ``name``."""
+    ALGORITHMS.register(name, target)
 
 
 def algorithm_names() -> list[str]:
-    return sorted(_MODULES)
+    return ALGORITHMS.names()
 
 
 def get_algorithm_class(name: str) -> type[Algorithm]:
-    if name not in _MODULES:
-        raise ValueError(f"algorithm.name: unknown algorithm {name!r}; known: {', '.join(algorithm_names())}")
-    module, cls = _MODULES[name].split(":")
+    module, cls = ALGORITHMS.lookup(name).split(":")
     return getattr(importlib.import_module(module), cls)
-
 
 
 def _resolve(algo: dict) -> dict:
     """The chosen algorithm's defaults under what the config gives."""
     name = algo.get("name")
-    if name not in _MODULES:
+    if name not in ALGORITHMS:
         return algo
     return deep_merge({"name": name, **get_algorithm_class(name).config_defaults}, algo)
 
@@ -57,7 +56,7 @@ def _resolve(algo: dict) -> dict:
 def _validate(algo: dict, cfg: dict) -> list[str]:
     """Keys are the chosen algorithm's: it validates them (``Algorithm.validate_config``)."""
     name = algo.get("name")
-    if name not in _MODULES:
+    if name not in ALGORITHMS:
         return [f"algorithm.name: got {name!r}; allowed: {', '.join(algorithm_names())}"]
     return get_algorithm_class(name).validate_config(algo, cfg)
 
@@ -65,7 +64,7 @@ def _validate(algo: dict, cfg: dict) -> list[str]:
 def _keys_for(algo: dict) -> set[str] | None:
     """The keys the chosen algorithm reads (None for an unknown name: validation reports it)."""
     name = algo.get("name")
-    return {"name", *get_algorithm_class(name).config_defaults} if name in _MODULES else None
+    return {"name", *get_algorithm_class(name).config_defaults} if name in ALGORITHMS else None
 
 
 register_section(Section("algorithm", {"name": "fedavg"}, resolve=_resolve, validate=_validate, keys_for=_keys_for))

@@ -80,6 +80,8 @@ class Client:
     """
 
     def __init__(self, cfg: dict, spec: ParamSpec, model_factory: Callable[[], torch.nn.Module]):
+        """``cfg``: the run's validated config; ``spec``: the model's parameter layout;
+        ``model_factory``: builds a fresh model on the training device (called once)."""
         self.cfg = cfg
         self.spec = spec
         self.model_factory = model_factory
@@ -87,6 +89,9 @@ class Client:
 
     # -- the message interface ------------------------------------------------------
     def fit(self, params: dict[str, np.ndarray], config: dict, data: ClientData, state: dict):
+        """Train on ``data`` from the downloaded ``params`` (by name; the server's message) with
+        the round ``config`` (``seed``, ``round``, maybe ``lr``); ``state`` is this client's
+        dict across rounds, updated in place. Returns ``(params by name, num_examples, metrics)``."""
         global_flat = self.spec.pack(params)
         model = self.model()
         self.spec.set(model, global_flat)
@@ -127,21 +132,28 @@ class Client:
 
     # -- hooks -------------------------------------------------------------------------
     def begin(self, model) -> None:
-        pass
+        """Before local training: ``model`` holds the global parameters; read the round's
+        config and set up per-round state."""
 
     def make_optimizer(self, model, fed_cfg: dict):
+        """The local optimizer over ``model``'s parameters (``fed_cfg``: the federation section,
+        with this round's lr)."""
         return make_optimizer(model.parameters(), fed_cfg)
 
     def loss(self, model, output: torch.Tensor, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The local objective of one batch: ``output`` the model's spikes for input ``x``,
+        ``y`` the labels; returns a scalar tensor."""
         return F.cross_entropy(model.readout(output), y)
 
     def before_step(self, model, optimizer) -> None:
-        pass
+        """After the backward pass, before ``optimizer.step()`` (e.g. gradient corrections)."""
 
     def after_step(self, model, optimizer) -> None:
-        pass
+        """After ``optimizer.step()`` (e.g. counting steps)."""
 
     def finish(self, model, local_flat: np.ndarray, metrics: dict) -> np.ndarray:
+        """The upload (flat, ``spec`` order) from the trained parameters ``local_flat``;
+        ``metrics`` may be extended in place."""
         return local_flat
 
     def uploaded(self, upload: np.ndarray, metrics: dict) -> None:
@@ -297,7 +309,7 @@ class Algorithm:
     Client = Client
     config_defaults: dict[str, Any] = {}
     config_checks: dict[str, Callable[[Any], str | None]] = {}
-    needs_client_state = False
+    needs_client_state = False  # True: the loop keeps each client's ``state`` dict across rounds
 
     @classmethod
     def privacy_mechanisms(cls, cfg: dict, num_classes: int) -> list[dict]:
@@ -307,6 +319,8 @@ class Algorithm:
 
     @classmethod
     def validate_config(cls, algo_cfg: dict, cfg: dict) -> list[str]:
+        """One line per problem of the ``algorithm`` section ``algo_cfg`` (unknown keys, failed
+        ``config_checks``), given the whole config ``cfg``; empty when it is valid."""
         problems = []
         for key, value in algo_cfg.items():
             if key == "name":

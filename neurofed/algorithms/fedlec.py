@@ -1,5 +1,5 @@
 """FedLEC (Yu et al., "Exploiting Label Skewness for Spiking Neural Networks in
-Federated Learning", IJCAI 2025; paper text in ``shared/papers/fedlec-yu2025.md``,
+Federated Learning", IJCAI 2025; sources: docs/papers.md,
 authors' code https://github.com/AmazingDD/FedLEC).
 
 Two local terms against label skew — a label-calibrated cross-entropy for the labels a

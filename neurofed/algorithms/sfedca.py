@@ -1,5 +1,5 @@
 """SFedCA (Zhan et al., "SFedCA: Credit Assignment-Based Active Client Selection
-Strategy for Spiking Federated Learning", 2024; ``shared/papers/sfedca-zhan2024.md``).
+Strategy for Spiking Federated Learning", 2024; sources: docs/papers.md).
 
 Server (Algorithm 1): each round it samples S random candidates
 (``algorithm.candidates``, P < S <= N), every candidate trains, and only the P

@@ -9,20 +9,18 @@ any of them to a stratified, seeded slice (:mod:`neurofed.data.subset`).
 from __future__ import annotations
 
 import numbers
-from typing import Callable
 
-from neurofed.config import Check, Section, boolean, choice, number, optional_str, register_section
+from neurofed.config import Section, register_section
+from neurofed.config.checks import Check, boolean, choice, number, optional_str
 from neurofed.data.base import Dataset
+from neurofed.registry import Registry
 
-_REGISTRY: dict[str, Callable[[dict, int], Dataset]] = {}
+DATASETS = Registry("data.name", "dataset")  # name -> loader (data config, seed) -> Dataset
 
 
 def register_dataset(name: str):
-    def deco(fn):
-        _REGISTRY[name] = fn
-        return fn
-
-    return deco
+    """``@register_dataset(name)``: a loader ``(data_cfg, seed) -> Dataset``."""
+    return DATASETS.decorator(name)
 
 
 def _ensure_builtin():
@@ -37,17 +35,15 @@ def _ensure_builtin():
 
 def dataset_names() -> list[str]:
     _ensure_builtin()
-    return sorted(_REGISTRY)
+    return DATASETS.names()
 
 
 def load_dataset(data_cfg: dict, seed: int = 0) -> Dataset:
     _ensure_builtin()
-    name = data_cfg.get("name")
-    if name not in _REGISTRY:
-        raise ValueError(f"data.name: unknown dataset {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    load = DATASETS.lookup(data_cfg.get("name"))
     from neurofed.data.subset import apply_subsets
 
-    return apply_subsets(_REGISTRY[name](data_cfg, seed), data_cfg, seed)
+    return apply_subsets(load(data_cfg, seed), data_cfg, seed)
 
 
 # --------------------------------------------------------------------------- the data section

@@ -9,7 +9,8 @@
 """
 
 from neurofed.energy.profiles import Profile, ProfileError, load_profile, load_profiles, profile_names
-from neurofed.energy.report import DEFAULT_PROFILES, energy_for_run, energy_report, load_run
+from neurofed.energy.report import DEFAULT_PROFILES, energy_for_run, load_run
+from neurofed.energy.table import energy_report
 from neurofed.energy.training import plot_training_energy, training_energy
 
 __all__ = ["Profile", "ProfileError", "load_profile", "load_profiles", "profile_names", "DEFAULT_PROFILES",

@@ -23,7 +23,8 @@ def _profile_args(p) -> None:
 
 
 def cmd_energy(args) -> int:
-    from neurofed.energy.report import config_numbers, energy_for_run, format_config_numbers, format_summary
+    from neurofed.energy.report import config_numbers, energy_for_run
+    from neurofed.energy.text import format_config_numbers, format_summary
 
     if Path(args.run_dir).is_file():  # a config: the training-free numbers of its model
         from neurofed.config import load_config
@@ -43,7 +44,7 @@ def cmd_energy(args) -> int:
 
 
 def cmd_energy_report(args) -> int:
-    from neurofed.energy.report import energy_report
+    from neurofed.energy.table import energy_report
 
     res = energy_report(args.run_dirs, args.out, profiles=args.profiles, spikes=args.spikes,
                         recompute=args.recompute, samples=args.samples, convention=args.convention)

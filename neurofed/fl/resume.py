@@ -20,8 +20,8 @@ class RunDirError(ConfigError):
     """The run directory cannot be used as asked (exists without --resume, etc.)."""
 
 
-
 def note(msg: str) -> None:
+    """One warning line for a setting or a resume that does less than asked."""
     log.warning("note: %s", msg)
 
 
@@ -42,10 +42,10 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     A key that a newer neurofed added (absent from ``saved``) only counts when its
     value is not the default, so runs started before it existed still resume.
     """
-    from neurofed.config import _flatten, defaults as config_defaults
+    from neurofed.config import flatten, defaults as config_defaults
 
-    old, new = _flatten(comparable_config(saved)), _flatten(comparable_config(current))
-    defaults = _flatten(config_defaults())
+    old, new = flatten(comparable_config(saved)), flatten(comparable_config(current))
+    defaults = flatten(config_defaults())
     diffs = []
     for key in sorted(set(old) | set(new)):
         if key not in old and key in defaults and new[key] == defaults[key]:

@@ -1,5 +1,5 @@
 """Factorized spiking convolution: SFedHIFI's channel-wise matrix decomposition
-(Tao et al. 2025, ``shared/papers/sfedhifi-tao2025.md``, Eq. 4), as a SLAYER block.
+(Tao et al. 2025, Eq. 4; sources: docs/papers.md), as a SLAYER block.
 
 A k×k convolution from D = C_in to C = C_out channels is W^p ≈ B · M^p with a filter bank
 B whose shape is the same at every width and a width-specific factor M^p; as Eq. 4

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from neurofed.models.spec import Layer, _w, register_topology
+from neurofed.models.spec import Layer, register_topology, scaled
 
 # Defaults of the factorized layers' options; model.bank_fraction / model.group_fraction override them.
 BANK_FRACTION = 0.25  # bank filters per width-1 output channel (authors: --n_basis 0.25)
@@ -35,16 +35,16 @@ def factorized(out: int, full_in: int, full_out: int, kernel: int = 3) -> Layer:
 
 def _hifi(p: float, k: int, c1: int, c2: int) -> list[Layer]:
     pool = Layer("pool", kernel=2, stride=2)
-    return [Layer("conv", c1, kernel=3, padding=1), factorized(_w(c2, p), c1, c2), pool,
-            factorized(_w(c2, p), c2, c2), pool, Layer("flatten"), Layer("dense", k)]
+    return [Layer("conv", c1, kernel=3, padding=1), factorized(scaled(c2, p), c1, c2), pool,
+            factorized(scaled(c2, p), c2, c2), pool, Layer("flatten"), Layer("dense", k)]
 
 
 def _hifi_digits(p: float, k: int) -> list[Layer]:
     """The digits ``cnn`` (16C3-P2-32C3-FC64-FC) with its 32-channel conv as two factorized
     layers: 16C3 - P2 - 32C3 - 32C3 - FC64 - FC; the head at full width, the rest at p."""
     return [Layer("conv", 16, kernel=3, padding=1), Layer("pool", kernel=2, stride=2),
-            factorized(_w(32, p), 16, 32), factorized(_w(32, p), 32, 32), Layer("flatten"),
-            Layer("dense", _w(64, p)), Layer("dense", k)]
+            factorized(scaled(32, p), 16, 32), factorized(scaled(32, p), 32, 32), Layer("flatten"),
+            Layer("dense", scaled(64, p)), Layer("dense", k)]
 
 
 register_topology("hifi_cnn", partial(_hifi, c1=64, c2=128))

@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from neurofed.models.spec import Layer, shortcut_layer
+from neurofed.registry import Registry
 
 # --------------------------------------------------------------------------- per kind
 # Each counter: (layer, in_map | None, mask | None) -> (macs, synaptic_ops)
@@ -96,14 +97,14 @@ def _flatten(layer: Layer, in_map, mask):
 
 
 FACTORIZED_KEYS = ("full_in", "full_out", "bank_fraction", "group_fraction")
-COUNTERS: dict[str, Callable] = {"conv": _conv, "pool": _pool, "dense": _dense, "flatten": _flatten}
+COUNTERS = Registry("layer kind", "layer kind", {"conv": _conv, "pool": _pool, "dense": _dense, "flatten": _flatten})
 NAMES = {"conv": "conv", "pool": "pool", "dense": "fc"}
 
 
 def register_counter(kind: str, fn: Callable) -> None:
     """Count a new layer kind (e.g. a factorized conv): ``fn(layer, in_map, mask)
     -> (macs, synaptic_ops)`` as the counters above."""
-    COUNTERS[kind] = fn
+    COUNTERS.register(kind, fn)
 
 
 def layer_names(layers: list[Layer]) -> list[str | None]:

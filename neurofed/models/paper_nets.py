@@ -46,18 +46,18 @@ from __future__ import annotations
 from functools import partial
 
 from neurofed.models.hifi_cnn import BANK_FRACTION, GROUP_FRACTION
-from neurofed.models.spec import Layer, _conv, _w, register_topology
+from neurofed.models.spec import Layer, register_topology, same_conv, scaled
 
 
 def _sfedca_mnist(p: float, k: int) -> list[Layer]:
-    return [Layer("conv", _w(20, p), kernel=5), Layer("conv", _w(12, p), kernel=5), Layer("pool", kernel=2, stride=2),
-            Layer("flatten"), Layer("dense", _w(200, p)), Layer("dense", k)]
+    return [Layer("conv", scaled(20, p), kernel=5), Layer("conv", scaled(12, p), kernel=5), Layer("pool", kernel=2, stride=2),
+            Layer("flatten"), Layer("dense", scaled(200, p)), Layer("dense", k)]
 
 
 def _sfedca_alexnet(p: float, k: int) -> list[Layer]:
     pool = Layer("pool", kernel=2, stride=2)
-    return [_conv(48, p), pool, _conv(128, p), pool, _conv(192, p), _conv(192, p), _conv(128, p),
-            Layer("flatten"), Layer("dense", _w(2048, p)), Layer("dense", _w(1024, p)), Layer("dense", k)]
+    return [same_conv(48, p), pool, same_conv(128, p), pool, same_conv(192, p), same_conv(192, p), same_conv(128, p),
+            Layer("flatten"), Layer("dense", scaled(2048, p)), Layer("dense", scaled(1024, p)), Layer("dense", k)]
 
 
 def _block_conv(out: int, stride: int, factorized: bool, full_in: int, full_out: int, **options) -> Layer:
@@ -72,7 +72,7 @@ def _resnet18(p: float, k: int, factorized: bool = False) -> list[Layer]:
     layers = [Layer("conv", stem, kernel=3, padding=1)]
     channels, full_prev = stem, stem
     for full, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-        out = _w(full, p)
+        out = scaled(full, p)
         for b in range(2):
             s = stride if b == 0 else 1
             full_in = full_prev if b == 0 else full

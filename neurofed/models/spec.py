@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from neurofed.registry import Registry
+
 KINDS = ("conv", "pool", "flatten", "dense")
 
 
@@ -76,54 +78,51 @@ def shortcut_layer(layer: Layer, skip_shape: tuple) -> Layer | None:
                  out_shape=tuple(layer.out_shape))
 
 
-def _w(n: int, p: float) -> int:
+def scaled(n: int, p: float) -> int:
+    """``n`` channels or units at width multiplier ``p`` (at least 1)."""
     return max(1, int(round(n * p)))
 
 
-def _conv(n, p, k=3):
-    return Layer("conv", _w(n, p), kernel=k, padding=k // 2)
+def same_conv(n, p, k=3):
+    """A ``k``x``k`` conv of ``n`` channels at width ``p``, padded to keep the map size."""
+    return Layer("conv", scaled(n, p), kernel=k, padding=k // 2)
 
 
 def _mlp(p, k):
-    return [Layer("flatten"), Layer("dense", _w(128, p)), Layer("dense", k)]
+    return [Layer("flatten"), Layer("dense", scaled(128, p)), Layer("dense", k)]
 
 
 def _cnn(p, k):
     # The digits default: small enough for 2 CPU cores, even spatial sizes for pool export.
-    return [_conv(16, p), Layer("pool", kernel=2, stride=2), _conv(32, p),
-            Layer("flatten"), Layer("dense", _w(64, p)), Layer("dense", k)]
+    return [same_conv(16, p), Layer("pool", kernel=2, stride=2), same_conv(32, p),
+            Layer("flatten"), Layer("dense", scaled(64, p)), Layer("dense", k)]
 
 
 def _vgg5(p, k):
-    return [_conv(64, p), Layer("pool", kernel=2, stride=2), _conv(128, p), _conv(128, p),
-            Layer("pool", kernel=2, stride=2), Layer("flatten"), Layer("dense", _w(1024, p)),
+    return [same_conv(64, p), Layer("pool", kernel=2, stride=2), same_conv(128, p), same_conv(128, p),
+            Layer("pool", kernel=2, stride=2), Layer("flatten"), Layer("dense", scaled(1024, p)),
             Layer("dense", k)]
 
 
 def _svgg9(p, k):
     # FedSNN's VGG9 (Venkatesha et al. 2021): 64,64,P,128,128,P,256,256,256,P, fc1024, fcK.
     pool = Layer("pool", kernel=2, stride=2)
-    return [_conv(64, p), _conv(64, p), pool, _conv(128, p), _conv(128, p), pool,
-            _conv(256, p), _conv(256, p), _conv(256, p), pool, Layer("flatten"),
-            Layer("dense", _w(1024, p)), Layer("dense", k)]
+    return [same_conv(64, p), same_conv(64, p), pool, same_conv(128, p), same_conv(128, p), pool,
+            same_conv(256, p), same_conv(256, p), same_conv(256, p), pool, Layer("flatten"),
+            Layer("dense", scaled(1024, p)), Layer("dense", k)]
 
 
-ZOO: dict[str, Callable[[float, int], list[Layer]]] = {
-    "mlp": _mlp,
-    "cnn": _cnn,
-    "vgg5": _vgg5,
-    "svgg9": _svgg9,
-}
+# name -> topology (width multiplier, number of classes) -> layers
+ZOO = Registry("model.name", "model", {"mlp": _mlp, "cnn": _cnn, "vgg5": _vgg5, "svgg9": _svgg9})
 
 
 def register_topology(name: str, fn: Callable[[float, int], list[Layer]]) -> None:
-    ZOO[name] = fn
+    ZOO.register(name, fn)
 
 
 def topology(name: str, width: float, num_classes: int, input_shape: tuple[int, int, int]) -> list[Layer]:
-    if name not in ZOO:
-        raise ValueError(f"model.name: unknown model {name!r}; known: {', '.join(sorted(ZOO))}")
+    make = ZOO.lookup(name)
     try:
-        return resolve(ZOO[name](width, num_classes), input_shape)
+        return resolve(make(width, num_classes), input_shape)
     except ValueError as exc:  # one line naming the model and the input, before any training
         raise ValueError(f"model.name: {name} does not fit {'x'.join(map(str, input_shape))} input: {exc}") from None

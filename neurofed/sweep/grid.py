@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +11,8 @@ from typing import Any
 
 import yaml
 
-from neurofed.config import ConfigError, deep_merge, load_config, parse_override, yaml_load
+from neurofed.config import ConfigError, load_config, parse_override, set_dotted, yaml_load
+from neurofed.sweep.values import canon, fmt, point_id, short_names
 
 SWEEP_KEYS = ("name", "description", "base", "set", "grid", "zip", "seeds", "target_accuracy", "plots")
 PLOT_KINDS = ("bars", "curves", "rounds")
@@ -74,7 +74,7 @@ class Sweep:
         """The nested overrides of one run: ``set``, then the point's values, then the seed."""
         data: dict = {}
         for key, value in list(self.fixed.items()) + list(point.values.items()):
-            _put(data, key, value)
+            set_dotted(data, key, copy.deepcopy(value), merge=True)
         data["seed"] = seed
         return data
 
@@ -92,66 +92,6 @@ class Sweep:
         points = [Point(p["id"], p["values"]) for p in d["points"]]
         return cls(d["name"], d["source"], d["base"], d["set"], dims, d["seeds"], d.get("target_accuracy"),
                    d.get("plots") or [], points, d.get("description", ""))
-
-
-def _put(data: dict, key: str, value: Any) -> None:
-    """Set dotted ``key`` in nested ``data``; a mapping value merges into what is there."""
-    node = data
-    parts = key.split(".")
-    for p in parts[:-1]:
-        if not isinstance(node.get(p), dict):
-            node[p] = {}
-        node = node[p]
-    if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
-        node[parts[-1]] = deep_merge(node[parts[-1]], value)
-    else:
-        node[parts[-1]] = copy.deepcopy(value)
-
-
-def _canon(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
-
-
-def _fmt(value: Any) -> str:
-    """A value as it appears in point ids, tables and legends."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, (list, tuple)):
-        return "-".join(_fmt(v) for v in value)
-    if isinstance(value, dict):
-        return "+".join(f"{k}-{_fmt(v)}" for k, v in value.items())
-    return str(value)
-
-
-def _show(value: Any) -> str:
-    """A value as tables and plots show it: partition settings by their papers' names."""
-    if isinstance(value, dict) and "scheme" in value:
-        from neurofed.data.partition import scheme_label
-
-        return scheme_label(value)
-    return _fmt(value)
-
-
-def _point_cells(sweep: Sweep, values: dict) -> list[str]:
-    """A point's table cells: one per sweep dimension (zipped keys joined by "/")."""
-    return ["/".join(_show(values[k]) for k in d.keys) for d in sweep.dims]
-
-
-def _short_names(keys: list[str]) -> dict[str, str]:
-    """Last dotted part of each key, or the whole key where two keys share it."""
-    last = [k.rsplit(".", 1)[-1] for k in keys]
-    return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
-
-
-def _point_id(values: dict[str, Any], short: dict[str, str]) -> str:
-    if not values:
-        return "base"
-    raw = ",".join(f"{short[k]}={_fmt(v)}" for k, v in values.items())
-    return re.sub(r"[^A-Za-z0-9._=,+-]", "-", raw)
 
 
 def _mapping(value, where: str, problems: list[str]) -> dict:
@@ -232,11 +172,11 @@ def load_sweep(path: str | Path) -> Sweep:
         else:
             seen[k] = section
     for d in dims:
-        canon = [_canon(v) for v in d.values]
-        dup = next((d.values[i] for i, c in enumerate(canon) if canon.index(c) != i), None)
+        keys = [canon(v) for v in d.values]
+        dup = next((d.values[i] for i, c in enumerate(keys) if keys.index(c) != i), None)
         if dup is not None:
             name = d.keys[0] if len(d.keys) == 1 else "/".join(d.keys)
-            problems.append(f"grid {name}: value {_fmt(dup[0] if len(dup) == 1 else dup)} is listed twice")
+            problems.append(f"grid {name}: value {fmt(dup[0] if len(dup) == 1 else dup)} is listed twice")
 
     seeds = raw.get("seeds")
     if seeds is None:
@@ -263,10 +203,10 @@ def load_sweep(path: str | Path) -> Sweep:
         seeds = [int((yaml_load(base_path.read_text()) or {}).get("seed", 0))]
     sweep = Sweep(name=name, source=str(path), base=_display_path(base_path), fixed=fixed, dims=dims,
                   seeds=list(seeds), target_accuracy=target, description=str(description).strip())
-    short = _short_names(sweep.varied)
+    short = short_names(sweep.varied)
     for combo in itertools.product(*[d.values for d in dims]):
         values = {k: v for d, vals in zip(dims, combo) for k, v in zip(d.keys, vals)}
-        sweep.points.append(Point(_point_id(values, short), values))
+        sweep.points.append(Point(point_id(values, short), values))
     ids = [p.id for p in sweep.points]
     clash = next((i for i in ids if ids.count(i) > 1), None)
     if clash:
@@ -339,10 +279,10 @@ def _check_plots(plots, sweep: Sweep, fname: str) -> list[dict]:
             d = sweep.dims[dim_of[key]]
             allowed = [v[d.keys.index(key)] for v in d.values]
             wanted = value if isinstance(value, list) else [value]
-            missing = [w for w in wanted if _canon(w) not in {_canon(a) for a in allowed}]
+            missing = [w for w in wanted if canon(w) not in {canon(a) for a in allowed}]
             if missing:
-                problems.append(f"{at}.where.{key}: got {_fmt(missing[0])}; the grid has "
-                                f"{', '.join(_fmt(a) for a in allowed)}")
+                problems.append(f"{at}.where.{key}: got {fmt(missing[0])}; the grid has "
+                                f"{', '.join(fmt(a) for a in allowed)}")
             if len(wanted) == 1:
                 fixed_dims.add(dim_of[key])
         if kind != "rounds" and spec.get("x") in dim_of:

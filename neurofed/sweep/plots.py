@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from neurofed.sweep.grid import METRICS, PERCENT, ROUND_METRICS, Sweep, _canon, _short_names, _show
+from neurofed.sweep.grid import METRICS, PERCENT, ROUND_METRICS, Sweep
+from neurofed.sweep.values import canon, short_names, show
 
 
 def plot_name(spec: dict, i: int, plots: list[dict]) -> str:
@@ -26,14 +27,14 @@ def _dim_label(sweep: Sweep, key: str | None) -> str:
     if key is None:
         return ""
     d = next(d for d in sweep.dims if key in d.keys)
-    return " / ".join(_short_names(sweep.varied)[k] for k in d.keys)
+    return " / ".join(short_names(sweep.varied)[k] for k in d.keys)
 
 
 def _selected(sweep: Sweep, rows: list[dict], spec: dict) -> list[dict]:
     where = spec.get("where") or {}
     keep = []
     for r in rows:
-        ok = all(_canon(r["values"][k]) in {_canon(w) for w in (v if isinstance(v, list) else [v])}
+        ok = all(canon(r["values"][k]) in {canon(w) for w in (v if isinstance(v, list) else [v])}
                  for k, v in where.items())
         if ok:
             keep.append(r)
@@ -46,7 +47,7 @@ def _levels(sweep: Sweep, rows: list[dict], key: str | None) -> list[tuple | Non
     seen: dict[str, tuple] = {}
     for r in rows:
         v = _dim_value(sweep, r["values"], key)
-        seen.setdefault(_canon(v), v)
+        seen.setdefault(canon(v), v)
     return list(seen.values())
 
 
@@ -64,7 +65,7 @@ def plot(sweep: Sweep, rows: list[dict], spec: dict, path: Path) -> None:
         else:
             _draw_metric(ax, sweep, prow, spec)
         if pv is not None:
-            ax.set_title(f"{_dim_label(sweep, spec['panels'])} = {'/'.join(_show(v) for v in pv)}", fontsize=10)
+            ax.set_title(f"{_dim_label(sweep, spec['panels'])} = {'/'.join(show(v) for v in pv)}", fontsize=10)
         ax.grid(alpha=0.3, axis="y" if spec["kind"] == "bars" else "both")
     axes[0][0].set_ylabel((ROUND_METRICS if spec["kind"] == "rounds" else METRICS)[spec["metric"]])
     title = spec.get("title") or f"{sweep.name}: {spec['metric'].replace('_', ' ')}"
@@ -98,13 +99,13 @@ def _draw_metric(ax, sweep: Sweep, rows: list[dict], spec: dict) -> None:
             m, s = (match[0][metric], match[0][metric + "_std"]) if match else (None, None)
             mean.append(np.nan if m is None else m * scale)
             std.append(0.0 if s is None else s * scale)
-        label = "/".join(_show(v) for v in hv) if hv is not None else None
+        label = "/".join(show(v) for v in hv) if hv is not None else None
         if spec["kind"] == "bars":
             ax.bar(pos - 0.4 + width * (j + 0.5), mean, width, yerr=std, capsize=2, label=label)
         else:
             ax.errorbar(pos, mean, yerr=std, marker="o", ms=4, capsize=3, label=label)
     ax.set_xticks(pos)
-    ticks = ["/".join(_show(v) for v in x) for x in xs]
+    ticks = ["/".join(show(v) for v in x) for x in xs]
     tilt = sum(len(t) for t in ticks) > 60  # long labels (e.g. mapping values) would overlap
     ax.set_xticklabels(ticks, rotation=20 if tilt else 0, ha="right" if tilt else "center",
                        fontsize=8 if tilt else None)
@@ -133,10 +134,10 @@ def _draw_rounds(ax, sweep: Sweep, rows: list[dict], spec: dict) -> None:
         if hkey is not None:
             hv = _dim_value(sweep, r["values"], hkey)
             color = colors[hues.index(hv) % len(colors)]
-            rest = _canon({k: v for k, v in r["values"].items() if k not in skip and k not in
+            rest = canon({k: v for k, v in r["values"].items() if k not in skip and k not in
                            next(d for d in sweep.dims if hkey in d.keys).keys})
             style = styles[others.setdefault(rest, len(others)) % len(styles)]
-        label = ", ".join(f"{_short_names(sweep.varied)[k]}={_show(v)}" for k, v in r["values"].items()
+        label = ", ".join(f"{short_names(sweep.varied)[k]}={show(v)}" for k, v in r["values"].items()
                           if k not in skip) or r["point"]
         ax.plot(rounds, mean, color=color, linestyle=style, lw=1.4, label=label)
         if len(curves) > 1:

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from neurofed.config import ConfigError
-from neurofed.sweep.grid import ENERGY_KEYS, METRICS, Sweep, _canon, _fmt, _point_cells, _short_names
+from neurofed.sweep.grid import ENERGY_KEYS, METRICS, Sweep
+from neurofed.sweep.values import canon, fmt, point_cells, short_names
 from neurofed.sweep.plots import plot, plot_name
 
 
@@ -149,7 +150,7 @@ def _write_csv(path: Path, sweep: Sweep, rows: list[dict]) -> None:
         w = csv.writer(fh)
         w.writerow(header)
         for r in rows:
-            vals = [v if isinstance(v, (int, float, str)) or v is None else _canon(v)
+            vals = [v if isinstance(v, (int, float, str)) or v is None else canon(v)
                     for v in (r["values"][k] for k in sweep.varied)]
             stats = [("" if r[c] is None else float(f"{r[c]:.6g}")) for m in metrics for c in (m, m + "_std")]
             extra = [("" if v is None else float(f"{v:.6g}")) for k, label in per
@@ -189,7 +190,7 @@ def _pm(mean, std, scale=1.0, digits=1) -> str:
 
 
 def _markdown(sweep: Sweep, rows: list[dict]) -> str:
-    short = _short_names(sweep.varied)
+    short = short_names(sweep.varied)
     head = [" / ".join(short[k] for k in d.keys) for d in sweep.dims]
     target = sweep.target_accuracy
     targets = {r["target"] for r in rows if r.get("target") is not None}
@@ -204,13 +205,13 @@ def _markdown(sweep: Sweep, rows: list[dict]) -> str:
     lines = [f"# Sweep `{sweep.name}`", ""]
     if sweep.description:
         lines += [sweep.description, ""]
-    fixed = ", ".join(f"`{k}={_fmt(v)}`" for k, v in sweep.fixed.items()) or "none"
+    fixed = ", ".join(f"`{k}={fmt(v)}`" for k, v in sweep.fixed.items()) or "none"
     lines += [f"Base config `{sweep.base}`; fixed: {fixed}; seeds {', '.join(map(str, sweep.seeds))}. "
               f"Accuracy is the global model's test accuracy in %, mean ± sample std over the seeds that "
               f"finished; rounds to target counts seeds that reached it.", ""]
     lines += ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for r in rows:
-        cells = _point_cells(sweep, r["values"])
+        cells = point_cells(sweep, r["values"])
         seeds = str(r["seeds"]) + (f" ({r['failed']} failed)" if r["failed"] else "")
         rtt = _pm(r["rounds_to_target"], r["rounds_to_target_std"])
         if r["seeds"] and r["reached"] < r["seeds"]:
@@ -235,7 +236,7 @@ def _markdown(sweep: Sweep, rows: list[dict]) -> str:
                   "|" + "|".join("---" for _ in head + labels + ["mean"]) + "|"]
         for r in rows:
             vals = r["per_model"].get(key, {})
-            cells = _point_cells(sweep, r["values"])
+            cells = point_cells(sweep, r["values"])
             cells += [_pm(*vals.get(l, (None, None)), scale, 1 if metric == "accuracy" else 3) for l in labels]
             means = [vals[l][0] for l in labels if vals.get(l, (None,))[0] is not None]
             cells.append(_pm(float(np.mean(means)) if means else None, None, scale, 1 if metric == "accuracy" else 3))

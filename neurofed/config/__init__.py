@@ -10,114 +10,21 @@ as surely as one in ``federation.lr``.
 from __future__ import annotations
 
 import copy
-import difflib
 import importlib
 import logging
 import math
-import numbers
-import re
-import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import yaml
 
+from neurofed.config.checks import (Check, ConfigError, auto_or_boolean, boolean, capped, check_device, choice,
+                                    number, shown, unknown_key)
+from neurofed.config.yaml_io import MAX_CONFIG_BYTES, MAX_DEPTH, yaml_load
+from neurofed.registry import Registry
+
 log = logging.getLogger(__name__)
-
-
-class ConfigError(ValueError):
-    """Invalid configuration; the message has one line per problem."""
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads ``1e-3`` as a string; configs mean a float."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
-    list("-+0123456789."),
-)
-
-
-def _mapping_without_duplicates(loader, node, deep=False):
-    """A YAML mapping, refusing a key given twice (YAML would silently keep the last)."""
-    loader.flatten_mapping(node)
-    seen = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} given twice (line {key_node.start_mark.line + 1}); "
-                f"YAML would silently keep only the last", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-
-
-# Bounds on what a config may hold: configs are a few kB, three levels deep. Without them
-# a YAML alias bomb (aliases of aliases: 9^9 values from 1 kB) or a 10,000-deep nesting
-# hangs or overflows the stack of whatever walks the values (validation, repr, dump).
-MAX_CONFIG_BYTES = 1 << 20
-MAX_VALUES = 100_000  # values after expanding aliases
-MAX_DEPTH = 64
-MAX_PROBLEMS = 20  # lines of a ConfigError; the rest are counted
-_shown = reprlib.Repr()
-_shown.maxstring, _shown.maxother, _shown.maxlist, _shown.maxdict, _shown.maxlevel = 80, 80, 8, 8, 3
-
-
-def shown(value: Any) -> str:
-    """``repr(value)`` cut to a readable length (a 50 MB value is not echoed back whole)."""
-    return _shown.repr(value)
-
-
-def _node_bounds(root) -> str | None:
-    """What is wrong with a composed YAML node graph (aliases counted each time they are used), or None."""
-    sizes: dict[int, int] = {}
-    shared = False  # a node reached twice: an alias
-    # iterative post-order walk: an alias is the same node object reached twice, counted once per use
-    stack = [(root, 1, False)]
-    while stack:
-        node, depth, done = stack.pop()
-        if depth > MAX_DEPTH:
-            return f"nested more than {MAX_DEPTH} levels deep"
-        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else \
-            node.value if isinstance(node, yaml.SequenceNode) else []
-        if done:
-            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in children)
-            if sizes[id(node)] > MAX_VALUES:
-                return f"holds more than {MAX_VALUES:,} values" + \
-                    (" once its YAML aliases are expanded" if shared else "")
-        elif id(node) in sizes:
-            shared = True
-        else:
-            stack.append((node, depth, True))
-            stack.extend((c, depth + 1, False) for c in children)
-    return None
-
-
-def yaml_load(text: str, what: str = "YAML"):
-    """Parse ``text`` (config, sweep or ``--set`` value) with the config loader, within the
-    bounds above; ConfigError naming ``what`` otherwise."""
-    if len(text) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{what}: {len(text):,} characters; a config holds at most {MAX_CONFIG_BYTES:,}")
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        problem = _node_bounds(node)
-        if problem:
-            raise ConfigError(f"{what}: {problem}; configs are a few levels of keys and values")
-        return loader.construct_document(node)
-    except RecursionError:
-        raise ConfigError(f"{what}: nested more than {MAX_DEPTH} levels deep; configs are a few levels of "
-                          f"keys and values") from None
-    finally:
-        loader.dispose()
 
 
 # The keys of the run itself and of federated training; the sections of components
@@ -171,12 +78,12 @@ OPTIMIZERS = ("adam", "sgd")
 # --------------------------------------------------------------------------- helpers
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     out = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
+            out.update(flatten(v, key + "."))
         else:
             out[key] = v
     return out
@@ -207,68 +114,21 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key, yaml_load(raw, f"--set {shown(key)}") if raw.strip() else None
 
 
-def set_dotted(cfg: dict, key: str, value: Any) -> None:
+def set_dotted(cfg: dict, key: str, value: Any, merge: bool = False) -> None:
+    """Set dotted ``key`` (``a.b.c``) in nested ``cfg``, making the mappings on the way;
+    ``merge``: a mapping value merges into the mapping already there."""
     node = cfg
     parts = key.split(".")
     for p in parts[:-1]:
         if not isinstance(node.get(p), dict):
             node[p] = {}
         node = node[p]
+    if merge and isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
+        value = deep_merge(node[parts[-1]], value)
     node[parts[-1]] = value
 
 
-def get_dotted(cfg: dict, key: str, default: Any = None) -> Any:
-    node = cfg
-    for p in key.split("."):
-        if not isinstance(node, dict) or p not in node:
-            return default
-        node = node[p]
-    return node
-
-
 # --------------------------------------------------------------------------- validation
-
-Check = Callable[[Any], str | None]
-
-
-def number(lo=None, hi=None, *, integer=False, lo_open=False, nullable=False) -> Check:
-    def check(v):
-        if v is None and nullable:
-            return None
-        kind = numbers.Integral if integer else numbers.Real
-        if isinstance(v, bool) or not isinstance(v, kind):
-            return f"expected {'an integer' if integer else 'a number'}"
-        if not math.isfinite(v):  # YAML .nan / .inf: every option is a finite number
-            return "expected a finite number"
-        if lo is not None and (v <= lo if lo_open else v < lo):
-            return f"expected {'>' if lo_open else '>='} {lo}"
-        if hi is not None and v > hi:
-            return f"expected <= {hi}"
-        return None
-
-    return check
-
-
-def choice(options: Iterable[str]) -> Check:
-    options = tuple(options)
-
-    def check(v):
-        return None if v in options else f"allowed: {', '.join(map(str, options))}"
-
-    return check
-
-
-def boolean(v):
-    return None if isinstance(v, bool) else "expected true or false"
-
-
-def auto_or_boolean(v):
-    """A switch that may also be left to neurofed (``auto``)."""
-    return None if v == "auto" or isinstance(v, bool) else "allowed: auto, true, false"
-
-
-def optional_str(v):
-    return None if v is None or isinstance(v, str) else "expected a path or null"
 
 
 def _milestones(v):
@@ -276,18 +136,6 @@ def _milestones(v):
             and v == sorted(set(v)):
         return None
     return "expected a list of increasing round numbers >= 1 (the lr is multiplied by federation.lr_gamma after each)"
-
-
-DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
-DEVICE_HELP = "allowed: auto, cpu, cuda, cuda:N"
-
-
-def check_device(value) -> str | None:
-    """Config check for ``federation.device`` (its syntax; availability is checked by
-    :func:`neurofed.device.resolve_device` on the machine that trains)."""
-    if isinstance(value, str) and DEVICE_PATTERN.match(value):
-        return None
-    return DEVICE_HELP
 
 
 def _core_checks() -> dict[str, Check]:
@@ -357,7 +205,7 @@ class Section:
     keys_for: Callable[[dict], set[str] | None] | None = None
 
 
-_SECTIONS: dict[str, Section] = {}
+SECTIONS = Registry("config section", "section")  # name -> Section, filled on import of SECTION_MODULES
 # The modules that declare a section (register_section, on import). This layer knows
 # them by name, as the command line knows its COMMAND_MODULES, and imports none of them
 # in its own code: they import it.
@@ -368,14 +216,13 @@ _ORDER = ("seed", "data", "partition", "model", "federation", "algorithm", "expo
 
 
 def register_section(section: Section) -> Section:
-    _SECTIONS[section.name] = section
-    return section
+    return SECTIONS.register(section.name, section)
 
 
 def sections() -> dict[str, Section]:
     for module in SECTION_MODULES:
         importlib.import_module(module)
-    return _SECTIONS
+    return SECTIONS
 
 
 def defaults() -> dict[str, Any]:
@@ -400,7 +247,7 @@ def validate(cfg: dict) -> dict:
     own = {name for name, sec in secs.items() if sec.validate is not None}
     problems.extend(f"{key}: got {shown(value)}; expected a finite number" for key, value in _non_finite(cfg))
     bad = {p.split(":", 1)[0] for p in problems}
-    flat = _flatten({k: v for k, v in cfg.items() if k not in own})
+    flat = flatten({k: v for k, v in cfg.items() if k not in own})
     for key, value in flat.items():
         check = checks.get(key)
         if check is None:
@@ -421,24 +268,6 @@ def validate(cfg: dict) -> dict:
     if problems:
         raise ConfigError("\n".join(capped(problems)))
     return cfg
-
-
-def unknown_key(key: str, known: Iterable[str]) -> str:
-    """The line for an unknown dotted ``key``: the nearest known key (difflib), and the keys allowed beside it."""
-    known = list(known)
-    near = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-    allowed = sorted(k for k in known if k.rsplit(".", 1)[0] == key.rsplit(".", 1)[0])
-    if near:
-        return f"{shown(key)[1:-1]}: unknown key; did you mean {near[0]}?"
-    return f"{shown(key)[1:-1]}: unknown key" + (f"; allowed here: {', '.join(allowed)}" if allowed else "")
-
-
-def capped(lines: list[str]) -> list[str]:
-    """The first :data:`MAX_PROBLEMS` lines, each cut to 300 characters, and a count of the rest."""
-    out = [l if len(l) <= 300 else l[:297] + "..." for l in lines[:MAX_PROBLEMS]]
-    if len(lines) > MAX_PROBLEMS:
-        out.append(f"... and {len(lines) - MAX_PROBLEMS:,} more problems (fix these first)")
-    return out
 
 
 def _non_finite(node: Any, prefix: str = ""):
@@ -487,7 +316,7 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), d
             raise ConfigError(f"config file {str(path)!r}: expected a mapping of sections at top level")
         _check_sections(cfg)
     from_file = copy.deepcopy(cfg)
-    given = set(_flatten(data or {}))
+    given = set(flatten(data or {}))
     if data:
         cfg = deep_merge(cfg, data)
     for item in overrides:
