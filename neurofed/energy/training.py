@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from neurofed.energy.conventions import PJ
+
 DEFAULT_TARGETS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 BACKWARD_FACTOR = 3.0
-PJ = 1e-12
 
 
 def _prices(summary: dict) -> dict:
