@@ -55,7 +55,7 @@ import numpy.lib.recfunctions  # noqa: F401  (tonic's DVSGesture uses np.lib.rec
 
 from neurofed.data import register_dataset
 from neurofed.data.base import Dataset
-from neurofed.data.cache import build_cached, cache_dir, cache_root, load_cached
+from neurofed.data.cache import build_cached, cache_dir, cache_ready, cache_root, load_cached
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ def _frames_dataset(name: str, opts: dict, sensor_size, cache_root: Path, key: d
            "timesteps": opts["timesteps"], "bin_by": opts["bin_by"], "downsample": opts["downsample"],
            "denoise_us": opts["denoise_us"], **key}
     folder = cache_dir(cache_root, name, key)
-    if not (folder / "meta.json").is_file():
+    if not cache_ready(folder, key):  # absent, or changed since it was built (then rebuilt)
         log.info("%s: binning events into %s frames (cached in %s)", name, pipeline.shape, folder)
 
         def build(tmp: Path) -> dict:
