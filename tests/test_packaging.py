@@ -115,3 +115,10 @@ def test_version_is_defined_once_and_reported_as_it(capsys):
     with pytest.raises(SystemExit):
         main(["--version"])
     assert capsys.readouterr().out.startswith(f"neurofed {version}")
+
+
+def test_energy_takes_a_preset_name_for_its_training_free_numbers(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["energy", "sfedca_mnist_dir03"]) == 0
+    out = capsys.readouterr().out
+    assert "sfedca_mnist on mnist" in out and "13.478" in out  # SFedCA Table 4's 13.478 uJ on 45 nm FP32
