@@ -21,7 +21,8 @@ from neurofed.presets import describe, presets
 from neurofed.resources import examples_dir, kernel_sources, profiles_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILT_FROM = ("pyproject.toml", "README.md", "MANIFEST.in", "CHANGELOG.md", "neurofed", "hw_profiles", "examples")
+BUILT_FROM = ("pyproject.toml", "README.md", "MANIFEST.in", "CHANGELOG.md", "neurofed", "hw_profiles", "examples",
+              "notebooks")
 
 
 def _shipped() -> set[str]:
