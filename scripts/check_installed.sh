@@ -22,7 +22,7 @@ say() { echo "check_installed: $* ($((SECONDS - start)) s)"; }
 
 # pip builds in the source folder (build/, *.egg-info): build from a copy, leaving the checkout as it is
 mkdir "$WORK/src"
-cp -a pyproject.toml README.md MANIFEST.in CHANGELOG.md neurofed hw_profiles examples "$WORK/src/"
+cp -a pyproject.toml README.md MANIFEST.in CHANGELOG.md neurofed hw_profiles examples notebooks "$WORK/src/"
 "$BUILD_PY" -m pip wheel "$WORK/src" --no-deps --quiet -w "$WORK/dist"
 WHEEL=$(ls "$WORK"/dist/neurofed-*.whl)
 say "built $(basename "$WHEEL")"
