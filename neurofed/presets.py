@@ -61,10 +61,11 @@ def describe(path: Path) -> dict:
 
 
 def table_lines(rows: list[dict]) -> list[str]:
-    cols = ("name", "paper", "table", "dataset", "split")
-    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols[:-1]}
-    fmt = lambda r: "  ".join(str(r[c]).ljust(width[c]) for c in cols[:-1]) + "  " + str(r["split"])  # noqa: E731
-    return [fmt({c: c.replace("dataset", "data set") for c in cols}), *map(fmt, rows)]
+    """A header and one aligned line per preset (the split last, unpadded)."""
+    header = {"name": "name", "paper": "paper", "table": "table", "dataset": "data set", "split": "split"}
+    padded = ("name", "paper", "table", "dataset")
+    width = {c: max(len(str(r[c])) for r in [header, *rows]) for c in padded}
+    return ["  ".join(str(r[c]).ljust(width[c]) for c in padded) + "  " + str(r["split"]) for r in [header, *rows]]
 
 
 def cmd_presets(args) -> int:
