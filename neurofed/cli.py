@@ -14,6 +14,7 @@ from pathlib import Path
 
 from neurofed.config import ConfigError
 from neurofed.logs import configure as configure_logging
+from neurofed.presets import resolve as resolve_preset
 
 COMMAND_MODULES = (
     "neurofed.cli",  # run, partition
@@ -22,11 +23,12 @@ COMMAND_MODULES = (
     "neurofed.sweep",  # sweep, report
     "neurofed.plots",  # coverage
     "neurofed.data.catalog",  # datasets
+    "neurofed.presets",  # presets, presets copy
 )
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="experiment YAML file")
+    p.add_argument("config", help="experiment YAML file, or a preset's name (`neurofed presets` lists them)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key by dotted path, e.g. --set federation.lr=0.01 (repeatable)")
 
@@ -39,7 +41,7 @@ def cmd_run(args) -> int:
     from neurofed.config import load_config
     from neurofed.pipeline import failed_steps, run
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(resolve_preset(args.config), args.overrides)
     out = Path(args.out) if args.out else default_run_dir(args.config, cfg)
     summary = run(cfg, out, resume=args.resume, progress=not args.quiet)
     print(f"final accuracy {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f}) "
@@ -64,7 +66,7 @@ def cmd_partition(args) -> int:
     from neurofed.data.partition import describe, label_counts, partition, plot_heatmap
     from neurofed.seeds import rng_for
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(resolve_preset(args.config), args.overrides)
     ds = load_dataset(cfg["data"], cfg["seed"])
     parts = partition(ds.y_train, ds.num_classes, cfg["partition"], rng_for(cfg["seed"], "partition"))
     counts = label_counts(ds.y_train, parts, ds.num_classes)

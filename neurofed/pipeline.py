@@ -109,6 +109,17 @@ def failed_steps(summary: dict) -> list[str]:
     return [name for name, r in summary.get("after_training", {}).items() if r.get("status") == STEP_FAILED]
 
 
+def step_failure(summary: dict) -> str | None:
+    """One line naming the first failed step and its error (None when none failed): a sweep
+    shows such a point as failed and ``--resume`` runs it again."""
+    failed = failed_steps(summary)
+    if not failed:
+        return None
+    more = f" (and {len(failed) - 1} more failed step(s))" if len(failed) > 1 else ""
+    error = str(summary["after_training"][failed[0]].get("error", "")).splitlines()
+    return f"{failed[0]} step failed: {error[0] if error else 'no message'}{more}"
+
+
 def _export(out: Path, cfg: dict, exp) -> None:
     from neurofed.deploy.export import export_run
 

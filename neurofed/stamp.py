@@ -27,9 +27,12 @@ def _version(dist: str) -> str | None:
 
 
 def neurofed_version() -> str:
+    """The version of the code that runs: ``neurofed.__version__`` (pyproject.toml's, the one
+    place it is defined). Not the installed metadata's, which an editable install leaves
+    stale and another checkout on ``PYTHONPATH`` does not change."""
     from neurofed import __version__
 
-    return _version("neurofed") or __version__
+    return __version__
 
 
 def git_commit() -> str | None:

@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 VENV=${VENV:-.venv}
-TORCH_PIN="torch==2.13.0"
+source scripts/pins.sh  # TORCH_PIN, LAVA_PINS, NORSE_PIN
 FLAVOR=${NEUROFED_TORCH:-cpu}
 case "$FLAVOR" in
   cpu|cuda) ;;
@@ -28,7 +28,6 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 V="$VENV/bin/python -m pip install --quiet"
 if [ "$FLAVOR" = cpu ]; then
-  # torch first and pinned: an unpinned torch pulls several GB of CUDA wheels.
   $V "$TORCH_PIN"
 else
   # a CPU build left by an earlier setup would count as installed: remove it first
@@ -47,10 +46,8 @@ if torch.version.cuda is None or not torch.cuda.is_available():
 print(f'torch {torch.__version__}, CUDA {torch.version.cuda}: {torch.cuda.get_device_name(0)}')"
 fi
 $V -e ".[dev]"
-$V --no-deps --ignore-requires-python "lava-nc==0.10.0" "lava-dl==0.6.0"
-# Norse's NIR importer: its metadata asks for torchvision, which norse.torch never imports
-# (nir and nirtorch, its real dependencies, come with neurofed's).
-$V --no-deps "norse==1.1.0"
+$V --no-deps --ignore-requires-python "${LAVA_PINS[@]}"
+$V --no-deps "$NORSE_PIN"
 "$VENV/bin/python" -c "import neurofed.compat as c; c.check_environment()"
 # Compile the fused CUBA kernels once now (cached; training falls back to stock SLAYER
 # with a warning if this ever fails), with every instruction-set variant this CPU runs

@@ -185,6 +185,34 @@ def test_a_failing_point_is_recorded_and_the_others_finish(tmp_path):
     assert rows[0]["failed"] == 1 and (bad / "error.txt").exists()
 
 
+def test_a_point_whose_step_failed_is_shown_and_resume_runs_it_again(tmp_path, monkeypatch):
+    """Training finished but a step after it failed (here the energy report, as on a full
+    disk): the point is failed in results.md, not done, and --resume runs the step again."""
+    from neurofed import pipeline
+
+    def full_disk(out, cfg, exp):
+        raise OSError("[Errno 28] No space left on device: 'energy.json'")
+
+    path = write_sweep(tmp_path, set={"energy.enabled": True}, grid={"federation.lr": [0.003, 0.01]}, seeds=[0])
+    energy = pipeline._energy
+    monkeypatch.setattr(pipeline, "_energy", lambda out, cfg, exp: (full_disk if cfg["federation"]["lr"] == 0.01
+                                                                    else energy)(out, cfg, exp))
+    rows = run_sweep(path, out=tmp_path / "out", workers=1, progress=False)
+    assert [(r["seeds"], r["failed"]) for r in rows] == [(1, 0), (0, 1)]
+    assert "energy step failed: OSError" in rows[1]["errors"][0]
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "Failed runs" in md and "lr=0.01-seed0" in md and "No space left" in md
+    assert "energy step failed" in read_csv(tmp_path / "out" / "runs.csv")[1]["error"]
+
+    monkeypatch.setattr(pipeline, "_energy", energy)  # the disk has room again
+    bad = tmp_path / "out" / "runs" / "lr=0.01-seed0"
+    metrics = (bad / "metrics.jsonl").read_text()
+    rows = run_sweep(path, out=tmp_path / "out", workers=1, progress=False, resume=True)
+    assert [(r["seeds"], r["failed"]) for r in rows] == [(1, 0), (1, 0)]
+    assert (bad / "energy.json").is_file() and (bad / "metrics.jsonl").read_text() == metrics  # rounds kept
+    assert "Failed runs" not in (tmp_path / "out" / "results.md").read_text()
+
+
 def test_zip_keys_vary_together_and_each_point_config_is_the_base_plus_overrides(tmp_path):
     path = write_sweep(tmp_path, set={"federation.local_epochs": 2},
                        grid={"model.kind": ["snn", "ann"]},

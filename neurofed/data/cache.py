@@ -8,18 +8,27 @@ times, so replacing or editing a file in place rebuilds the cache). The cache ro
 temporary name and renamed into place, so a killed build never leaves a half cache;
 the temporary folder a killed build leaves (``.<name>-<digest>.tmp-<pid>``) is removed by
 the next build once its process is gone.
+
+``meta.json`` records a SHA-256 of what the cache was built from (its key: data set, format,
+the source files' stamps) and of each of its own ``.npy`` files. :func:`cache_ready` checks
+both before a load; a cache that differs (an array edited, a label written into it, a file
+missing or added) is removed with one warning line naming the file, and rebuilt.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
+
+log = logging.getLogger(__name__)
+META = "meta.json"
 
 
 def user_cache() -> Path:
@@ -46,8 +55,62 @@ def cache_root(cache: str | None, data_dir: Path | None) -> Path:
     return root
 
 
+def key_sha256(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def digest(key: dict) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return key_sha256(key)[:16]
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def array_hashes(folder: Path) -> dict[str, str]:
+    return {f.name: file_sha256(f) for f in sorted(Path(folder).glob("*.npy"))}
+
+
+def cache_problem(folder: Path, key: dict) -> str | None:
+    """None when ``folder`` holds the cache of ``key`` as it was built; else one line naming
+    the file that differs."""
+    meta_path = Path(folder) / META
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{meta_path}: unreadable ({type(exc).__name__})"
+    if meta.get("source_sha256") != key_sha256(key):
+        return f"{meta_path}: does not record the hash of the files this cache is for"
+    recorded = meta.get("arrays")
+    if not isinstance(recorded, dict):
+        return f"{meta_path}: records no hashes of its arrays (built by an older neurofed)"
+    found = {f.name for f in Path(folder).glob("*.npy")}
+    for name in sorted(found | set(recorded)):
+        path = Path(folder) / name
+        if name not in recorded:
+            return f"{path}: not part of the cache as it was built"
+        if name not in found:
+            return f"{path}: missing"
+        if file_sha256(path) != recorded[name]:
+            return f"{path}: changed since the cache was built (its SHA-256 differs from meta.json's)"
+    return None
+
+
+def cache_ready(folder: Path, key: dict) -> bool:
+    """True when ``folder`` holds the cache of ``key``, unchanged since it was built. A
+    changed cache is removed (so the caller rebuilds it) with one warning naming the file."""
+    if not (Path(folder) / META).is_file():
+        return False
+    problem = cache_problem(folder, key)
+    if problem is None:
+        return True
+    log.warning("data cache %s; rebuilding it", problem)
+    shutil.rmtree(folder, ignore_errors=True)
+    return False
 
 
 def cache_dir(root: Path, name: str, key: dict) -> Path:
@@ -92,7 +155,8 @@ def build_cached(folder: Path, key: dict, build: Callable[[Path], dict]) -> None
     tmp.mkdir(parents=True)
     try:
         meta = build(tmp)
-        (tmp / "meta.json").write_text(json.dumps({"key": key, **meta}, indent=1, default=str))
+        record = {"key": key, "source_sha256": key_sha256(key), "arrays": array_hashes(tmp)}
+        (tmp / META).write_text(json.dumps({**record, **meta}, indent=1, default=str))
         try:
             os.replace(tmp, folder)
         except OSError:  # another process published the same arrays first

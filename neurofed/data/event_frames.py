@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from neurofed.data.base import Dataset
-from neurofed.data.cache import build_cached, cache_dir, cache_root, load_cached
+from neurofed.data.cache import build_cached, cache_dir, cache_ready, cache_root, load_cached
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def frames_dataset(name: str, opts: dict, sensor_size, cache_root: Path, key: di
            "timesteps": opts["timesteps"], "bin_by": opts["bin_by"], "downsample": opts["downsample"],
            "denoise_us": opts["denoise_us"], **key}
     folder = cache_dir(cache_root, name, key)
-    if not (folder / "meta.json").is_file():
+    if not cache_ready(folder, key):  # absent, or changed since it was built (then rebuilt)
         log.info("%s: binning events into %s frames (cached in %s)", name, pipeline.shape, folder)
 
         def build(tmp: Path) -> dict:

@@ -50,7 +50,7 @@ from neurofed.data.base import DataFileError, Dataset
 from neurofed.data.identify import warn_unverified
 from neurofed.data.image_formats import IMAGE_SETS, first_labels
 from neurofed.data.image_sets import NEVER_DOWNLOADS, ImageSet
-from neurofed.data.cache import build_cached, cache_dir, cache_root, file_stamps, load_cached
+from neurofed.data.cache import build_cached, cache_dir, cache_ready, cache_root, file_stamps, load_cached
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def load_image_set(spec: ImageSet, data_cfg: dict) -> Dataset:
     key = {"dataset": spec.name, "format": FORMAT_VERSION, "release": release.name,
            "files": file_stamps(folder, used.values()), "svhn_extra": opts["svhn_extra"]}
     target = cache_dir(cache_root(opts["cache"], folder), spec.name, key)
-    if not (target / "meta.json").is_file():
+    if not cache_ready(target, key):  # absent, or changed since it was built (then rebuilt)
         log.info("%s: decoding the %s in %s into %s (once)", spec.name, release.name, folder, target)
 
         def build(tmp: Path) -> dict:

@@ -29,8 +29,9 @@ import torch
 import yaml
 
 from neurofed.deploy import DeployError
+from neurofed.resources import profiles_dir
 
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "hw_profiles"
+PROFILE_DIR = profiles_dir()  # the shipped profiles (neurofed.resources)
 DEFAULT_PROFILE = "loihi2"
 SUPPORTED_KINDS = ("conv", "pool", "flatten", "dense")
 LIMIT_KEYS = ("cores_per_chip", "neurons_per_core", "synapses_per_core", "synapses_per_chip",

@@ -239,7 +239,8 @@ def _stream(net, spikes, seed, backend, run_cfg, progress, chunk):
             if progress:
                 from tqdm.auto import tqdm
 
-                bar = tqdm(total=n, desc=f"lava {backend}", unit="sample", dynamic_ncols=True)
+                bar = tqdm(total=n, desc=f"lava {backend}", unit="sample",
+                           dynamic_ncols=True, disable=None)  # None: a terminal only
             done = 0
             while done < n:
                 step = min(chunk, n - done)

@@ -100,7 +100,8 @@ def simulate(graph, sim: Simulator, spikes: np.ndarray, seed: int, lif_names: li
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=n, desc=f"nir {sim.name}", unit="sample", dynamic_ncols=True)
+        bar = tqdm(total=n, desc=f"nir {sim.name}", unit="sample",
+                   dynamic_ncols=True, disable=None)  # None: a terminal only
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one sample's tensors are tiny: threads only add synchronisation
     try:

@@ -26,10 +26,14 @@ def cmd_energy(args) -> int:
     from neurofed.energy.report import config_numbers, energy_for_run
     from neurofed.energy.text import format_config_numbers, format_summary
 
-    if Path(args.run_dir).is_file():  # a config: the training-free numbers of its model
+    from neurofed.presets import presets
+
+    preset = None if Path(args.run_dir).exists() else presets().get(args.run_dir)  # a preset's name
+    if Path(args.run_dir).is_file() or preset:  # a config: the training-free numbers of its model
         from neurofed.config import load_config
 
-        print(format_config_numbers(config_numbers(load_config(args.run_dir, args.overrides), args.profiles)))
+        cfg = load_config(preset or args.run_dir, args.overrides)
+        print(format_config_numbers(config_numbers(cfg, args.profiles)))
         return 0
     if args.overrides:
         raise ValueError("--set: only with a config file (a run's config is the one it ran with)")
@@ -57,7 +61,7 @@ def add_commands(sub) -> None:
     p = sub.add_parser("energy", help="energy per inference of a run (SNN vs ANN twin) on hardware profiles; "
                                       "of a config file's model: its ANN twin, without training")
     p.add_argument("run_dir", metavar="RUN_DIR|CONFIG",
-                   help="run directory written by `neurofed run`, or a config file (e.g. a paper preset): its "
+                   help="run directory written by `neurofed run`, or a config file or preset name: its "
                         "ANN twin's energy under the exact count and each paper's formula, no training")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="with a config file: override a config key, e.g. --set model.width=0.5 (repeatable)")

@@ -28,8 +28,9 @@ from pathlib import Path
 import yaml
 
 from neurofed.config import ConfigError, Section, boolean, choice, register_section
+from neurofed.resources import profiles_dir
 
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "hw_profiles"
+PROFILE_DIR = profiles_dir()  # the shipped profiles (neurofed.resources)
 KINDS = ("digital", "neuromorphic")
 # Operation name -> what it prices (used in error messages and reports).
 OPS = {

@@ -108,13 +108,8 @@ def _train(cfg: dict, out: Path, resume: bool, progress: bool, after: AfterTrain
         run_dir.save(MODEL_LAST, exp.model_state(start, history[-1]["accuracy"] if history else None), "model")
 
     rounds = cfg["federation"]["rounds"]
-    bar = None
-    fl_progress.show(progress)  # the clients' and batches' bars inside a round
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=rounds, initial=start, desc=f"{cfg['algorithm']['name']} rounds", unit="round",
-                   dynamic_ncols=True)
+    fl_progress.show(progress)  # the clients' and batches' bars inside a round (on a terminal)
+    bar = fl_progress.Rounds(rounds, start, cfg["algorithm"]["name"]) if progress else None
     tensorboard = TensorBoardLog.for_run(cfg, out)
     t_run = time.perf_counter()
     prior_time = sum(h.get("wall_time_s", 0.0) for h in history)
@@ -137,8 +132,7 @@ def _train(cfg: dict, out: Path, resume: bool, progress: bool, after: AfterTrain
         log.info("round %d: accuracy %.4f, %d client(s) trained, %.1f s", rnd, record["accuracy"],
                  len(record["trained"]), record["wall_time_s"])
         if bar is not None:
-            bar.update(1)
-            bar.set_postfix(acc=f"{record['accuracy']:.3f}", rate=f"{record.get('firing_rate') or 0:.3f}")
+            bar.round_done(record)
     if bar is not None:
         bar.close()
     fl_progress.show(False)

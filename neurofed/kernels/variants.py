@@ -71,8 +71,10 @@ def csrc() -> Path:
     a Flower app bundle (FAB), that of the neurofed installed on this machine whose
     ``kernels/*.py`` equal these. A FAB holds no C++: flwr 1.41 ships only .py, .toml,
     .md, .yaml, .yml, .json and .jsonl files, and refuses others in ``fab-include``."""
-    if (HERE / "csrc" / "module.cpp").is_file():
-        return HERE / "csrc"
+    from neurofed.resources import kernel_sources
+
+    if (kernel_sources() / "module.cpp").is_file():  # package data: in a checkout, a wheel and an sdist
+        return kernel_sources()
     ours = {p.name: p.read_bytes() for p in HERE.glob("*.py")}
     looked = []
     for kernels in _installed_kernels():

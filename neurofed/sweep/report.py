@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from neurofed.config import ConfigError
+from neurofed.pipeline import step_failure
 from neurofed.sweep.grid import ENERGY_KEYS, METRICS, Sweep
 from neurofed.sweep.values import canon, fmt, point_cells, short_names
 from neurofed.sweep.plots import plot, plot_name
@@ -35,6 +36,9 @@ def _read_run(rdir: Path, target: float | None) -> dict:
             run.update({k: energy.get(k) for k in ENERGY_KEYS})
             run["train_energy_to_target_j"] = _train_energy_to_target(energy, target)
         run["per_model"] = _per_model(summary, rdir)
+        failure = step_failure(summary)
+        if failure:  # trained, but its export, Lava or energy step failed: --resume runs it again
+            run.update(status="failed", error=failure)
     elif (rdir / "error.txt").exists():
         run.update(status="failed", error=(rdir / "error.txt").read_text().splitlines()[0])
     return run

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from neurofed.config import ConfigError
+from neurofed.pipeline import step_failure
 from neurofed.sweep.grid import Sweep, load_sweep, point_configs, with_overrides
 from neurofed.sweep.report import ReportRefused, report
 
@@ -50,6 +51,10 @@ def _execute(task: dict) -> dict:
         if err.exists():
             err.unlink()
         summary = run(task["cfg"], out, resume=task["resume"], progress=False)
+        failure = step_failure(summary)
+        if failure:  # the training's results stay; results.md lists the point as failed
+            err.write_text(failure + f"\n\n{out / 'summary.json'} (after_training), {out / 'run.log'}\n")
+            return {"run": task["run"], "ok": False, "error": failure, "final_accuracy": summary.get("final_accuracy")}
         return {"run": task["run"], "ok": True, "final_accuracy": summary.get("final_accuracy")}
     except Exception as exc:
         line = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -81,8 +86,9 @@ def _plan(sweep: Sweep, configs: dict[str, dict], out: Path, resume: bool) -> tu
                                       f"only federation.rounds may change (use another --out for a new sweep)")
             summary = rdir / "summary.json"
             if resume and summary.exists():
-                rounds = json.loads(summary.read_text()).get("rounds", 0)
-                if rounds >= cfg["federation"]["rounds"]:
+                finished = json.loads(summary.read_text())
+                # a point whose export, Lava or energy step failed is run again (its rounds are kept)
+                if finished.get("rounds", 0) >= cfg["federation"]["rounds"] and step_failure(finished) is None:
                     done += 1
                     continue
             tasks.append({"run": rid, "cfg": cfg, "out": str(rdir), "resume": resume})
@@ -117,7 +123,8 @@ def run_sweep(path: str | Path, out: str | Path | None = None, workers: int | No
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(tasks) + done, initial=done, desc=f"sweep {sweep.name}", unit="run", dynamic_ncols=True)
+        bar = tqdm(total=len(tasks) + done, initial=done, desc=f"sweep {sweep.name}", unit="run", dynamic_ncols=True,
+                   disable=None)  # None: a terminal only
     failed: list[dict] = []
 
     def finished(result: dict) -> None:
