@@ -207,18 +207,6 @@ def test_banks_are_averaged_over_all_clients_and_the_rest_within_each_width(tiny
         np.testing.assert_array_equal(_tensor(server, 0.75, name), value)
 
 
-def test_share_full_width_averages_the_full_width_head_over_all_clients_too(tiny_cfg):
-    server = _server(tiny_cfg, **{"algorithm.fusion": "none", "algorithm.share_full_width": True})
-    assert server.full_width == ["blocks.0.synapse.weight"]  # the head: one shape at every width
-    for p in WIDTHS:  # every width starts from one copy
-        np.testing.assert_array_equal(_tensor(server, p, "blocks.0.synapse.weight"),
-                                      _tensor(server, 1.0, "blocks.0.synapse.weight"))
-    server.aggregate(1, _replies(server, [(0.25, 1.0), (0.25, 3.0), (0.5, 5.0), (1.0, 11.0)]))
-    for p in WIDTHS:
-        np.testing.assert_allclose(_tensor(server, p, "blocks.0.synapse.weight"), (1 + 3 + 5 + 11) / 4)
-    np.testing.assert_allclose(_tensor(server, 0.25, "blocks.1.synapse.mix"), 2.0)  # M still within its width
-
-
 def test_baselines_aggregate_only_within_each_width(tiny_cfg):
     server = _server(tiny_cfg, "hetero_fedavg")
     server.aggregate(1, _replies(server, [(0.25, 1.0), (0.25, 3.0), (0.5, 5.0), (1.0, 11.0)]))

@@ -266,7 +266,6 @@ SFEDHIFI_DEFAULTS: dict[str, Any] = {
     "rate_source": "output",  # output (Eq. 7) | input (the authors' code)
     "weighting": "uniform",  # uniform (Eq. 5-6) | samples (n_k)
     "share_banks": True,  # Eq. 5; false keeps B within each width too (a check of what B sharing adds)
-    "share_full_width": False,  # also average over all widths the plain tensors of one shape at every width
 }
 SFEDHIFI_CHECKS = {
     **HETERO_CHECKS,
@@ -281,7 +280,6 @@ SFEDHIFI_CHECKS = {
     "rate_source": choice(("output", "input")),
     "weighting": choice(("uniform", "samples")),
     "share_banks": boolean,
-    "share_full_width": boolean,
 }
 
 
@@ -580,16 +578,7 @@ class SFedHIFIServer(HeteroServer):
     def __init__(self, cfg, spec, initial, num_clients):
         super().__init__(cfg, spec, initial, num_clients)
         self.mixes = [n for n in spec.names if n.endswith(MIX_SUFFIX)]
-        # share_full_width (a named variant, not Eq. 5): plain tensors of one shape at every width
-        # (hifi_cnn's full-width head) are averaged over all participants like B.
-        self.full_width = [n for n, shape in zip(spec.names, spec.shapes) if n not in self.banks
-                           and n not in self.mixes and all(n in self.specs[p].names and self.specs[p].shapes[
-                               self.specs[p].names.index(n)] == shape for p in self.widths)]
         a = cfg["algorithm"]
-        if a["share_full_width"]:  # every width starts from the same copy, as the banks do
-            ref = spec.unpack(self.servers[self.ref].params)
-            for p in self.widths:
-                self.servers[p].params = self.with_arrays(p, self.servers[p].params, {n: ref[n] for n in self.full_width})
         if a["fusion"] == "fixed" and not -len(self.mixes) <= a["fusion_layer"] < len(self.mixes):
             raise ValueError(f"algorithm.fusion_layer: got {a['fusion_layer']}; the model has {len(self.mixes)} "
                              f"factorized layers (index 0..{len(self.mixes) - 1}, or negative from the end)")
@@ -609,11 +598,10 @@ class SFedHIFIServer(HeteroServer):
         weights = (lambda rs: [r.num_examples for r in rs]) if a["weighting"] == "samples" else \
             (lambda rs: [1.0] * len(rs))
         bank = {}
-        shared = (self.banks if a["share_banks"] else []) + (self.full_width if a["share_full_width"] else [])
-        if shared:
+        if a["share_banks"] and self.banks:
             w = np.asarray(weights(results), dtype=np.float64)
             stacked = {n: np.stack([self.specs[float(r.metrics["width"])].unpack(r.params)[n] for r in results])
-                       for n in shared}
+                       for n in self.banks}
             bank = {n: np.tensordot(w / w.sum(), s, axes=1) for n, s in stacked.items()}
         for p, group in groups.items():
             flat = weighted_average(group, weights(group)) if group else self.servers[p].params
