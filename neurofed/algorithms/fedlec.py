@@ -102,9 +102,8 @@ def eq8_loss(logits: torch.Tensor, y: torch.Tensor, prior) -> torch.Tensor:
 
 def eq8_held_loss(logits: torch.Tensor, y: torch.Tensor, prior) -> torch.Tensor:
     """``algorithm.lc_form: eq8_held``: :func:`eq8_loss` summed over the labels the client
-    holds (γ > 0) only, the default (as the authors' code, whose L_c leaves the missing
-    labels to L_d in effect) — a missing label's logit is not in L_c, so local training never
-    pushes it down and only L_d acts on it. Not the paper's set (Definition 1: C includes M);
+    holds (γ > 0) only, the default — a missing label's logit is not in L_c, so local
+    training never pushes it down and only L_d acts on it. Not the paper's set (Definition 1: C includes M);
     measured against it in docs/fidelity.md."""
     prior_t = torch.as_tensor(np.asarray(prior), device=logits.device)
     return _eq8(logits, y, prior, prior_t > 0)
@@ -297,8 +296,8 @@ class FedLECServer(Server):
 class FedLEC(FedAvg):
     """Server: :class:`FedLECServer` (ATT). Client: :class:`FedLECClient`.
 
-    Defaults, the authors' code's reading (it gives the paper's effect on digits, the literal
-    one does not; docs/fidelity.md): lc_form eq8_held (Eq. 8 over the held labels, a missing
+    Defaults, the form that gives the paper's effect on digits where the literal one did not
+    (docs/fidelity.md): lc_form eq8_held (Eq. 8 over the held labels, a missing
     label's output is left to L_d), ld_form restricted (Eq. 9 as the authors' softmax over M,
     :func:`missing_label_kl`), λ = 0.1 (the authors' ``-lamda``; the paper gives none),
     T = 1 (the paper's Eq. 9 has no temperature; the code uses 1), prior_smoothing = 0 (local
