@@ -189,11 +189,7 @@ def structure_problems(model) -> list[str]:
     for i, (layer, block) in enumerate(zip(model.layers, model.blocks)):
         where = f"layer {i} ({layer.kind})"
         if getattr(model, "is_voltage_layer", lambda _: False)(i):
-            problems.append(f"{where}: model.readout is voltage: the output layer is a non-spiking integrator whose "
-                            f"voltage is the logit, and neurofed's Lava run reads each layer's spike counters, not "
-                            f"a neuron's voltage at each sample's last step; train with model.readout: spikes to "
-                            f"run on Lava")
-            continue
+            continue  # SLAYER's Affine: exported as a dense layer whose neuron never fires (deploy.lava_readout)
         refusal = getattr(block, "export_refusal", None)  # e.g. a residual join
         if refusal:
             refused.setdefault(refusal, []).append(str(i))
@@ -272,9 +268,6 @@ def check_model(model, profile=DEFAULT_PROFILE, timesteps: int = 32) -> Constrai
         return None if limit is None else limit.value
 
     spiking = [(layer, block) for layer, block in zip(model.layers, model.blocks) if layer.has_neurons]
-    if any(getattr(block, "delay_shift", True) is False for _, block in spiking):
-        report.warnings.append("model.delay_shift is false: Lava adds one step per layer, so the exported "
-                               "network will not reproduce the torch spikes (train with delay_shift: true for that)")
     for j, (layer, block) in enumerate(spiking):
         use = _layer_use(j, layer, block, timesteps)
         where = f"layer {j} ({layer.kind} {'x'.join(map(str, layer.out_shape))})"
@@ -294,6 +287,13 @@ def check_model(model, profile=DEFAULT_PROFILE, timesteps: int = 32) -> Constrai
             flag("max_fan_in", f"{where}: fan-in {use.fan_in:,} exceeds {int(fan):,}")
         if spc is not None and use.fan_in > spc:
             flag("synapses_per_core", f"{where}: one neuron's {use.fan_in:,} synapses exceed a core's {int(spc):,}")
+        if model.is_voltage_layer(len(model.layers) - 1) and j == len(spiking) - 1:
+            bound = ((1 << 17) - 1) / 64  # the readout neuron's threshold (deploy.lava_readout), SLAYER units
+            if use.max_current * timesteps > bound:
+                report.warnings.append(f"{where}: the voltage readout may reach {use.max_current * timesteps:.0f} "
+                                       f"(all inputs spiking for {timesteps} steps), past {bound:.0f} where the "
+                                       f"Lava neuron would fire and reset")
+            continue
         params = block.neuron.device_params
         tb = lim("threshold_bits")
         if tb is not None and not 0 < params["vThMant"] < (1 << int(tb)):
