@@ -88,3 +88,33 @@ def test_a_paper_network_direct_input_no_delay_voltage_readout_runs_spike_for_sp
     assert plan.input_bits is not None and plan.voltage
     assert plan.lags == tuple(range(1, len(model.neurons_per_layer) + 1))
     np.testing.assert_array_equal(lava.predictions, ref.predictions)
+
+
+def test_graded_input_reaching_the_threshold_exactly_does_not_fire(tmp_path):
+    """Lava fires on v > threshold; the scaled torch neuron must too (a float32 epsilon
+    below one unit of its state would vanish and fire on v == threshold)."""
+    model = tiny("mlp", current_decay=1.0, voltage_decay=0.0, threshold=1.0)
+    first = next(b for b in model.blocks if hasattr(b, "synapse"))
+    with torch.no_grad():
+        first.synapse.weight.zero_()
+        first.synapse.weight[0, 0] = 1.0  # neuron 0 sees pixel 0 only, at weight 1
+    x = np.zeros((1, 1, 8, 8), dtype=np.float32)
+    x[0, 0, 0, 0] = 0.5  # v = 0.5, 1.0 (== threshold: no spike), 1.5 (spike, reset to 0), 0.5, ...
+    values, _ = input_spikes(x, DIRECT, 0)
+    plan = plan_for(model, DIRECT["timesteps"], "direct")
+    export_model(model, tmp_path / "m.net", timesteps=DIRECT["timesteps"], encoding="direct")
+    lava, _ = simulate(tmp_path / "m.net", values, 0, progress=False)
+    ref = torch_reference(fresh_copy(model), values, 0, plan)
+    assert ref.counts[0, 0] == lava.counts[0, 0] == 2  # steps 2 and 5 of 0..7 (firing at v == 1.0: 4)
+    np.testing.assert_array_equal(lava.checksums, ref.checksums)
+
+
+def test_a_model_that_cannot_be_mapped_is_refused_in_one_line_before_anything_is_written(tmp_path):
+    from neurofed.deploy import DeployError
+
+    model = tiny("cnn", norm="batch")
+    with pytest.raises(DeployError) as err:
+        export_model(model, tmp_path / "out" / "m.net")
+    message = str(err.value)
+    assert "\n" not in message and "layers 0, 2, 4: model.norm: batch folds" in message
+    assert not (tmp_path / "out").exists()

@@ -139,6 +139,8 @@ class ConstraintReport:
         return "\n".join(lines)
 
     def raise_for_violations(self) -> None:
+        if len(self.violations) == 1:  # one line: the layer and the reason
+            raise DeployError(f"the model cannot be mapped to {self.profile}: {self.violations[0]}")
         if self.violations:
             raise DeployError("\n".join([f"the model cannot be mapped to {self.profile}:"] + self.violations))
 
@@ -316,9 +318,12 @@ def check_model(model, profile=DEFAULT_PROFILE, timesteps: int = 32) -> Constrai
     report.cores_per_chip = int(cpc) if cpc else None
     if cpc and chips and report.cores > cpc * chips:
         flag("chips", f"the network needs {report.cores} cores; {int(chips)} chip(s) have {int(cpc * chips)}")
+    # totals over the board: a refusal only where its chip count is sourced too (else they warn, as chips does)
+    board = "chips" if chips and not prof.get("chips").sourced else None
     spchip = lim("synapses_per_chip")
     if spchip and chips and total_synapses > spchip * chips:
-        flag("synapses_per_chip", f"{total_synapses:,} synapses exceed {int(spchip * chips):,} on {int(chips)} chip(s)")
+        flag(board or "synapses_per_chip",
+             f"{total_synapses:,} synapses exceed {int(spchip * chips):,} on {int(chips)} chip(s)")
     if npc and cpc and chips and total_neurons > npc * cpc * chips:
-        flag("neurons_per_core", f"{total_neurons:,} neurons exceed {int(npc * cpc * chips):,} on {int(chips)} chip(s)")
+        flag(board or "neurons_per_core", f"{total_neurons:,} neurons exceed {int(npc * cpc * chips):,} on {int(chips)} chip(s)")
     return report

@@ -308,6 +308,8 @@ def export_run(run_dir: str | Path, exp=None, profile=DEFAULT_PROFILE, quiet: bo
             "round": int(rnd)}
     path = run_dir / NET_FILE
     report = check_model(model, profile, timesteps=data["timesteps"])
+    if not report.layers:  # refused on its structure: nothing to count, nothing written
+        report.raise_for_violations()
     (run_dir / "hardware.json").write_text(json.dumps(report.to_dict(), indent=2))
     if not quiet:
         print(report.summary())

@@ -149,21 +149,25 @@ def layer_seeds(seed: int, num_layers: int) -> list[int]:
     return [seed_for(seed, "lava-raster", j) for j in range(num_layers)]
 
 
-def first_neuron(model):
-    return next(block.neuron for layer, block in zip(model.layers, model.blocks) if layer.has_neurons)
+def first_block(model):
+    return next(block for layer, block in zip(model.layers, model.blocks) if layer.has_neurons)
 
 
 @contextmanager
 def graded_first_layer(model, bits: int | None):
-    """The first layer's neuron with its fixed-point state scaled by 2^bits (what the chip
-    runs for graded input, see the module docstring); as it was afterwards."""
+    """The first layer as the chip runs it for graded input (see the module docstring): its
+    neuron's fixed-point state scaled by 2^bits; as it was afterwards. (Its float32 synapse
+    sums are exact while they stay below 2^24 units of 2^-(6 + bits).)"""
     if bits is None:
         yield model
         return
-    neuron = first_neuron(model)
+    block = first_block(model)
+    neuron = block.neuron
     saved = neuron.s_scale, neuron.threshold_eps
     neuron.s_scale = saved[0] * (1 << bits)
-    neuron.threshold_eps = 0.01 / neuron.s_scale  # SLAYER's own: 0.01 / s_scale
+    # SLAYER's 0.01 / s_scale would vanish in float32 next to the threshold (v == threshold would
+    # fire; Lava fires on v > threshold): half a unit of the scaled state keeps the strict test
+    neuron.threshold_eps = 0.5 / neuron.s_scale
     try:
         yield model
     finally:
