@@ -118,3 +118,21 @@ def test_a_model_that_cannot_be_mapped_is_refused_in_one_line_before_anything_is
     message = str(err.value)
     assert "\n" not in message and "layers 0, 2, 4: model.norm: batch folds" in message
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_trained_as_the_papers_ends_with_its_lava_check(tmp_path, tiny_cfg):
+    """`neurofed run` with direct input, no per-layer delay, a voltage readout and float
+    weights (the presets' settings) exports and runs on Lava, spike for spike."""
+    import json
+
+    from neurofed.fl.runner import run
+
+    out = tmp_path / "run"
+    cfg = tiny_cfg(export=True, **{"lava.samples": 4, "data.encoding": "direct", "model.delay_shift": False,
+                                   "model.readout": "voltage", "model.quantize": False})
+    run(cfg, out, progress=False)
+    result = json.loads((out / "lava.json").read_text())
+    assert result["spike_for_spike"] and result["agreement"] == 1.0 and result["readout"] == "voltage"
+    assert result["encoding"] == "direct" and result["input_bits"] == INPUT_BITS
+    assert result["lava_window"] == cfg["data"]["timesteps"] + len(result["layer_kinds"])
+    assert 0 <= result["trained_agreement"] <= 1 and "trained_accuracy" in result
