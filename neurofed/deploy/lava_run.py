@@ -37,7 +37,7 @@ from neurofed.deploy import DeployError
 from neurofed.deploy.export import (NET_FILE, check_net_digest, digest_file, export_run, fresh_copy,
                                    load_global_model, read_net)
 from neurofed.deploy.lava_plan import (MESSAGE_BITS, LavaPlan, check_encoding, input_spikes, layer_seeds, plan_for,  # noqa: F401
-                                       to_lava_layout, to_torch_order, torch_reference)
+                                       to_lava_layout, to_torch_order, torch_reference, unlagged_plan)
 from neurofed.fl.seeds import describe_measured, measured_on, seed_for
 
 BACKENDS = ("fixed_pt", "loihi2")

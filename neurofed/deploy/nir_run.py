@@ -34,9 +34,8 @@ import numpy as np
 import torch
 
 from neurofed.deploy import DeployError
-from neurofed.deploy.lava_plan import unlagged_plan
 from neurofed.deploy.lava_run import (SpikeStats, _cpus, agreement_head, input_spikes, layer_seeds, predict,
-                                      raster_shares, torch_reference)
+                                      raster_shares, torch_reference, unlagged_plan)
 from neurofed.deploy.nir_export import NIR_FILE, export_nir_run, graph_meta, node_names, read_nir, synaptic_ops
 from neurofed.fl.seeds import measured_on, seed_for
 
