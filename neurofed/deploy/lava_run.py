@@ -114,6 +114,10 @@ def simulate(net_path: str | Path, spikes: np.ndarray, seed: int, backend: str =
         meta = read_net(net_path)
         recorded = meta.get("lava_plan") or {"lags": [0] * sum(k != "flatten" for k, _ in meta["net_layers"][1:])}
         plan = LavaPlan(t, tuple(recorded["lags"]), recorded.get("input_bits"), bool(recorded.get("voltage")))
+    if plan.voltage and backend == "loihi2":
+        raise DeployError("model.readout voltage: the voltage is read by a host process's RefPort, which reaches "
+                          "the simulator's neurons but not a chip's (that needs lava-loihi's probes); use --backend "
+                          "fixed_pt")
     graded = {} if plan.input_bits is None else {"input_message_bits": MESSAGE_BITS}
     net = netx().hdf5.Network(net_config=str(net_path), reset_interval=plan.window, reset_offset=1, **graded)
     try:
