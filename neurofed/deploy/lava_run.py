@@ -308,7 +308,7 @@ def raster_shares(r: dict) -> str:
 
 def summary_line(r: dict) -> str:
     return (f"lava {r['backend']}: {agreement_head(r)}, spike-for-spike {'yes' if r['spike_for_spike'] else 'NO'} "
-            f"({raster_shares(r)}); compile {r['compile_s']:.2f} s, {r['samples_per_s']:.1f} samples/s"
+            f"({raster_shares(r)}); compile {r['compile_s']:.2f} s, {r['samples_per_s']:.3g} samples/s"
             + (f"; the model as trained (before 8-bit export{', on the unrounded image' if r.get('input_bits') else ''}): "
                f"accuracy {r['trained_accuracy']:.4f}, agreement with the exported {r['trained_agreement']:.4f}"
                if "trained_accuracy" in r else ""))
