@@ -136,3 +136,12 @@ def test_a_run_trained_as_the_papers_ends_with_its_lava_check(tmp_path, tiny_cfg
     assert result["encoding"] == "direct" and result["input_bits"] == INPUT_BITS
     assert result["lava_window"] == cfg["data"]["timesteps"] + len(result["layer_kinds"])
     assert 0 <= result["trained_agreement"] <= 1 and "trained_accuracy" in result
+
+
+def test_graded_input_warns_where_the_finer_first_state_can_pass_24_bits():
+    from neurofed.deploy.lava_plan import graded_state_warning
+
+    # the state is kept 2^6 finer: 2^23 / (4096 * 64) = 32 SLAYER units
+    assert graded_state_warning(30.0, {"encoding": "direct"}) is None
+    warning = graded_state_warning(20.0, {"encoding": "direct", "mean": [0.5], "std": [0.25]})  # |x| up to 2
+    assert warning.startswith("layer 0: worst-case current 40") and "passes 32" in warning and "\n" not in warning

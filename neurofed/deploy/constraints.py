@@ -245,7 +245,8 @@ def _layer_use(index: int, layer, block, timesteps: int) -> LayerUse:
         pos = w.clamp(min=0).sum()
     # Worst case: every input spikes every step; the current decays by current_decay
     # per step, so it settles at (sum of positive weights) / current_decay.
-    decay = float(block.neuron.current_decay) if hasattr(block.neuron, "current_decay") else 0.0
+    # SLAYER keeps the decay as an integer fraction of p_scale (4096 = 1.0)
+    decay = float(block.neuron.current_decay) / block.neuron.p_scale if hasattr(block.neuron, "current_decay") else 0.0
     settle = min(timesteps, 1.0 / decay) if decay > 0 else timesteps
     return LayerUse(index, layer.kind, tuple(layer.out_shape), neurons, fan_in, neurons * fan_in, 0,
                     (int(w.min()), int(w.max())), float(pos) / 64.0 * settle)

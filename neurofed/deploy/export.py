@@ -24,7 +24,7 @@ import torch
 
 from neurofed.deploy import DeployError
 from neurofed.deploy.constraints import DEFAULT_PROFILE, ConstraintReport, check_model
-from neurofed.deploy.lava_plan import plan_for
+from neurofed.deploy.lava_plan import graded_state_warning, plan_for
 from neurofed.deploy.lava_readout import scale_first_threshold, write_voltage_layer
 
 NET_FILE = "model.net"
@@ -310,6 +310,8 @@ def export_run(run_dir: str | Path, exp=None, profile=DEFAULT_PROFILE, quiet: bo
     report = check_model(model, profile, timesteps=data["timesteps"])
     if not report.layers:  # refused on its structure: nothing to count, nothing written
         report.raise_for_violations()
+    warning = graded_state_warning(report.layers[0].max_current, data) if data["encoding"] == "direct" else None
+    report.warnings += [warning] if warning else []
     (run_dir / "hardware.json").write_text(json.dumps(report.to_dict(), indent=2))
     if not quiet:
         print(report.summary())

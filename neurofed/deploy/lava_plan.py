@@ -71,6 +71,20 @@ def plan_for(model, timesteps: int, encoding: str = "rate", input_bits: int = IN
     return LavaPlan(int(timesteps), tuple(lags), input_bits if encoding == "direct" else None, voltage)
 
 
+def graded_state_warning(first_layer_current: float, data_cfg: dict, bits: int = INPUT_BITS) -> str | None:
+    """A warning when the first layer's worst-case current (every input at its largest |x|)
+    can pass Lava's 24-bit state, kept 2^bits finer for graded input; None when not.
+    ``first_layer_current``: the constraint check's worst case for inputs of 1 (SLAYER units)."""
+    mean, std = np.atleast_1d(data_cfg.get("mean") or 0.0), np.atleast_1d(data_cfg.get("std") or 1.0)
+    largest = float(np.max(np.maximum(np.abs(mean / std), np.abs((1.0 - mean) / std))))  # pixels 0 and 1
+    worst, bound = first_layer_current * largest, (1 << 23) / (4096 << bits)
+    if worst <= bound:
+        return None
+    return (f"layer 0: worst-case current {worst:.0f} (every input at |x| = {largest:.2f}) passes {bound:.0f}, "
+            f"the 24-bit bound of a state kept 2^{bits} finer for graded input; Lava would wrap it "
+            f"(`neurofed lava` reports any differing spike)")
+
+
 def unlagged_plan(model, timesteps: int) -> LavaPlan:
     """Every layer counted from step j + 1 of torch's own window: how the NIR runs count."""
     return LavaPlan(int(timesteps), (0,) * len(model.neurons_per_layer), None, False)
