@@ -2,7 +2,7 @@
 steps after it, in order: export to netx, Lava run, energy report.
 
 :func:`plan_steps` decides before training which steps run: a step known not to apply
-(a residual net cannot be exported; direct input has no Lava input path) is refused
+(a residual net cannot be exported; an encoding Lava does not take) is refused
 there, said once, so no one waits hours for a step that cannot work.
 :func:`after_training` runs the rest; a failure in one step is reported without losing
 the run's results (they are already written). Both outcomes go to summary.json's

@@ -173,9 +173,12 @@ def test_event_input_feeds_lava_as_binary_spikes():
     assert notes["event_bins_clipped"] == 0.5
 
 
-def test_direct_input_is_refused_with_a_clear_error():
-    with pytest.raises(DeployError, match="direct.*rate"):
-        check_encoding({"encoding": "direct"})
+def test_unknown_encoding_is_refused_and_direct_input_beyond_the_graded_spike_too():
+    with pytest.raises(DeployError, match="'phase'.*rate, events, direct"):
+        check_encoding({"encoding": "phase"})
+    check_encoding({"encoding": "direct"})  # graded spikes (tests/test_lava_mechanisms.py)
+    with pytest.raises(DeployError, match="16-bit graded spike.*normalize"):
+        input_spikes(np.full((1, 1, 2, 2), 1000.0, dtype=np.float32), {"encoding": "direct", "timesteps": 4}, 0)
 
 
 def test_too_few_timesteps_for_the_depth_is_refused(tmp_path):

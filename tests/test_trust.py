@@ -104,7 +104,7 @@ def test_the_kernel_variant_is_the_one_loaded(tmp_path):
 def test_progress_inside_a_round_shows_clients_and_batches_and_quiet_shows_none(tmp_path, capfd, monkeypatch):
     """919f94d drew one bar of rounds: nothing moved within a round. Bars are drawn on a
     terminal only (tests/test_console.py); here stderr counts as one."""
-    from neurofed.fl import progress
+    from neurofed import progress
 
     monkeypatch.setattr(progress, "on_terminal", lambda: True)
     rc, _ = _run(tmp_path, name="shown", **{"partition.num_clients": 2, "federation.clients_per_round": 2})

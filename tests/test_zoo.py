@@ -253,9 +253,11 @@ def test_batch_norm_parameters_are_shared_and_trained():
 
     model = build_model(NORMED, (3, 16, 16), 10)
     spec = ParamSpec.from_model(model)
-    norms = [n for n in spec.names if ".norm." in n or "shortcut_norm" in n]
+    names = [n for n in spec.names if ".norm." in n or "shortcut_norm" in n]
+    norms = [n for n in names if n.endswith((".weight", ".bias"))]
     assert "blocks.0.norm.weight" in norms and "blocks.0.norm.bias" in norms
-    assert not [n for n, _ in model.named_buffers() if "norm" in n]  # batch statistics: nothing else to aggregate
+    assert "blocks.0.norm.running_mean" in names  # running statistics, averaged too (tests/test_batch_norm.py)
+    assert not [n for n, _ in model.named_buffers() if "norm" in n]  # nothing outside the shared vector
     out = model(torch.rand(4, 3, 16, 16, 4))
     F.cross_entropy(model.readout(out), torch.arange(4)).backward()
     grads = dict(model.named_parameters())
@@ -291,10 +293,24 @@ def test_normed_and_analog_models_refused_by_export_with_the_reasons():
     assert structure_problems(plain) == [] and nir_problems(plain) == []
 
 
+def with_running_statistics(model, shape):
+    """``model`` whose norms hold the statistics of one training batch (evaluation uses them)."""
+    from neurofed.models.norm import ChannelBatchNorm
+
+    norms = [m for m in model.modules() if isinstance(m, ChannelBatchNorm)]
+    for m in norms:
+        m.momentum = 1.0
+    with torch.no_grad():
+        model.train()(torch.bernoulli(torch.rand(8, *shape, RATE["timesteps"])))
+    for m in norms:
+        m.momentum = 0.1
+    return model.eval()
+
+
 def test_energy_prices_the_layer_after_an_analog_pool_as_macs():
     torch.manual_seed(0)
     shape = (3, 16, 16)
-    model = build_model(NORMED, shape, 10)
+    model = with_running_statistics(build_model(NORMED, shape, 10), shape)
     maps = measure_torch(model, torch.rand(3, *shape), RATE, seed=0)
     rows = count_layers(model.layers, maps.input_maps, maps.output_spikes, maps.samples, maps.timesteps,
                         skip_maps=maps.skip_maps)
@@ -304,7 +320,7 @@ def test_energy_prices_the_layer_after_an_analog_pool_as_macs():
     assert fc["analog_macs"] == fc["macs"] == model.layers[-1].in_shape[0] * 10 and fc["synaptic_ops"] == 0
     assert all(r["input"] == "spikes" for r in rows[1:-1])
     assert pool["output_spikes"] == 0 and pool["input_spikes"] > 0  # it passes a value, not spikes
-    voltage = build_model({**NORMED, "readout": "voltage"}, shape, 10)
+    voltage = with_running_statistics(build_model({**NORMED, "readout": "voltage"}, shape, 10), shape)
     maps = measure_torch(voltage, torch.rand(3, *shape), RATE, seed=0)
     assert maps.output_spikes[-1] == 0  # nor does a voltage readout (it counted its voltage before)
 

@@ -73,7 +73,9 @@ def server_momentum_step(params: np.ndarray, momentum: np.ndarray, delta: np.nda
 
 def _flat_grad(model, names) -> torch.Tensor:
     params = dict(model.named_parameters())
-    return torch.cat([params[n].grad.reshape(-1) for n in names])
+    # a federated statistic (batch norm's running mean) has no gradient: zeros, and none is set
+    return torch.cat([(params[n].grad if params[n].grad is not None else torch.zeros_like(params[n])).reshape(-1)
+                      for n in names])
 
 
 class FedMoSClient(Client):
@@ -106,7 +108,8 @@ class FedMoSClient(Client):
         self.prox = self.cfg["algorithm"]["mu"] * (x_t - self.global_t)
         params = dict(model.named_parameters())
         for name, sl in self.spec.slices().items():
-            params[name].grad.copy_(self.d[sl].view_as(params[name]))
+            if params[name].grad is not None:
+                params[name].grad.copy_(self.d[sl].view_as(params[name]))
 
     def after_step(self, model, optimizer) -> None:
         if not self.cfg["algorithm"]["mu"]:

@@ -140,6 +140,8 @@ class ConstraintReport:
         return "\n".join(lines)
 
     def raise_for_violations(self) -> None:
+        if len(self.violations) == 1:  # one line: the layer and the reason
+            raise DeployError(f"the model cannot be mapped to {self.profile}: {self.violations[0]}")
         if self.violations:
             raise DeployError("\n".join([f"the model cannot be mapped to {self.profile}:"] + self.violations))
 
@@ -190,11 +192,7 @@ def structure_problems(model) -> list[str]:
     for i, (layer, block) in enumerate(zip(model.layers, model.blocks)):
         where = f"layer {i} ({layer.kind})"
         if getattr(model, "is_voltage_layer", lambda _: False)(i):
-            problems.append(f"{where}: model.readout is voltage: the output layer is a non-spiking integrator whose "
-                            f"voltage is the logit, and neurofed's Lava run reads each layer's spike counters, not "
-                            f"a neuron's voltage at each sample's last step; train with model.readout: spikes to "
-                            f"run on Lava")
-            continue
+            continue  # SLAYER's Affine: exported as a dense layer whose neuron never fires (deploy.lava_readout)
         refusal = getattr(block, "export_refusal", None)  # e.g. a residual join
         if refusal:
             refused.setdefault(refusal, []).append(str(i))
@@ -248,7 +246,8 @@ def _layer_use(index: int, layer, block, timesteps: int) -> LayerUse:
         pos = w.clamp(min=0).sum()
     # Worst case: every input spikes every step; the current decays by current_decay
     # per step, so it settles at (sum of positive weights) / current_decay.
-    decay = float(block.neuron.current_decay) if hasattr(block.neuron, "current_decay") else 0.0
+    # SLAYER keeps the decay as an integer fraction of p_scale (4096 = 1.0)
+    decay = float(block.neuron.current_decay) / block.neuron.p_scale if hasattr(block.neuron, "current_decay") else 0.0
     settle = min(timesteps, 1.0 / decay) if decay > 0 else timesteps
     return LayerUse(index, layer.kind, tuple(layer.out_shape), neurons, fan_in, neurons * fan_in, 0,
                     (int(w.min()), int(w.max())), float(pos) / 64.0 * settle)
@@ -273,9 +272,6 @@ def check_model(model, profile=DEFAULT_PROFILE, timesteps: int = 32) -> Constrai
         return None if limit is None else limit.value
 
     spiking = [(layer, block) for layer, block in zip(model.layers, model.blocks) if layer.has_neurons]
-    if any(getattr(block, "delay_shift", True) is False for _, block in spiking):
-        report.warnings.append("model.delay_shift is false: Lava adds one step per layer, so the exported "
-                               "network will not reproduce the torch spikes (train with delay_shift: true for that)")
     for j, (layer, block) in enumerate(spiking):
         use = _layer_use(j, layer, block, timesteps)
         where = f"layer {j} ({layer.kind} {'x'.join(map(str, layer.out_shape))})"
@@ -295,6 +291,13 @@ def check_model(model, profile=DEFAULT_PROFILE, timesteps: int = 32) -> Constrai
             flag("max_fan_in", f"{where}: fan-in {use.fan_in:,} exceeds {int(fan):,}")
         if spc is not None and use.fan_in > spc:
             flag("synapses_per_core", f"{where}: one neuron's {use.fan_in:,} synapses exceed a core's {int(spc):,}")
+        if model.is_voltage_layer(len(model.layers) - 1) and j == len(spiking) - 1:
+            bound = ((1 << 17) - 1) / 64  # the readout neuron's threshold (deploy.lava_readout), SLAYER units
+            if use.max_current * timesteps > bound:
+                report.warnings.append(f"{where}: the voltage readout may reach {use.max_current * timesteps:.0f} "
+                                       f"(all inputs spiking for {timesteps} steps), past {bound:.0f} where the "
+                                       f"Lava neuron would fire and reset")
+            continue
         params = block.neuron.device_params
         tb = lim("threshold_bits")
         if tb is not None and not 0 < params["vThMant"] < (1 << int(tb)):
@@ -317,9 +320,12 @@ def check_model(model, profile=DEFAULT_PROFILE, timesteps: int = 32) -> Constrai
     report.cores_per_chip = int(cpc) if cpc else None
     if cpc and chips and report.cores > cpc * chips:
         flag("chips", f"the network needs {report.cores} cores; {int(chips)} chip(s) have {int(cpc * chips)}")
+    # totals over the board: a refusal only where its chip count is sourced too (else they warn, as chips does)
+    board = "chips" if chips and not prof.get("chips").sourced else None
     spchip = lim("synapses_per_chip")
     if spchip and chips and total_synapses > spchip * chips:
-        flag("synapses_per_chip", f"{total_synapses:,} synapses exceed {int(spchip * chips):,} on {int(chips)} chip(s)")
+        flag(board or "synapses_per_chip",
+             f"{total_synapses:,} synapses exceed {int(spchip * chips):,} on {int(chips)} chip(s)")
     if npc and cpc and chips and total_neurons > npc * cpc * chips:
-        flag("neurons_per_core", f"{total_neurons:,} neurons exceed {int(npc * cpc * chips):,} on {int(chips)} chip(s)")
+        flag(board or "neurons_per_core", f"{total_neurons:,} neurons exceed {int(npc * cpc * chips):,} on {int(chips)} chip(s)")
     return report

@@ -24,6 +24,8 @@ import torch
 
 from neurofed.deploy import DeployError
 from neurofed.deploy.constraints import DEFAULT_PROFILE, ConstraintReport, check_model
+from neurofed.deploy.lava_plan import graded_state_warning, plan_for
+from neurofed.deploy.lava_readout import scale_first_threshold, write_voltage_layer
 
 NET_FILE = "model.net"
 FORMAT = "neurofed-netx-1"
@@ -176,8 +178,13 @@ def _write_pool(block, group: h5py.Group, layer) -> None:
 
 
 def export_model(model: torch.nn.Module, path: str | Path, meta: dict | None = None,
-                 profile=DEFAULT_PROFILE, timesteps: int = 32, check: bool = True) -> ConstraintReport:
+                 profile=DEFAULT_PROFILE, timesteps: int = 32, check: bool = True,
+                 encoding: str = "rate") -> ConstraintReport:
     """Write ``model`` as netx HDF5 to ``path``; return the hardware constraint report.
+
+    The file records the Lava plan (:func:`neurofed.deploy.lava_plan.plan_for`: each layer's
+    lag, graded input for ``encoding: direct``, voltage readout); with graded input the first
+    layer's threshold mantissa is scaled by 2^input_bits (its state is, see lava_plan).
 
     Refuses (DeployError) a model that violates the profile's sourced limits or
     that netx cannot express. The file is written beside ``path`` and moved into
@@ -190,12 +197,13 @@ def export_model(model: torch.nn.Module, path: str | Path, meta: dict | None = N
     copy = fresh_copy(model)
     with torch.no_grad():  # SLAYER blocks learn their shapes on the first forward pass
         copy(torch.zeros(1, *model.layers[0].in_shape, 2))
+    plan = plan_for(model, timesteps, encoding)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with h5py.File(tmp, "w") as h:
         attrs = {"format": FORMAT, "input_shape": list(model.layers[0].in_shape),
-                 "layers": [l.kind for l in model.layers], **(meta or {})}
+                 "layers": [l.kind for l in model.layers], "lava_plan": plan.to_meta(), **(meta or {})}
         for key, value in attrs.items():
             h.attrs[key] = json.dumps(value)
         layers = h.create_group("layer")
@@ -206,8 +214,12 @@ def export_model(model: torch.nn.Module, path: str | Path, meta: dict | None = N
             group = layers.create_group(str(i))
             if layer.kind == "pool":
                 _write_pool(block, group, layer)
+            elif copy.is_voltage_layer(i - 1):
+                write_voltage_layer(block, group)
             else:
                 block.export_hdf5(group)
+        if plan.input_bits is not None:
+            scale_first_threshold(layers, plan.input_bits)
     os.replace(tmp, path)
     tmp = digest_file(path).with_name(digest_file(path).name + ".tmp")
     tmp.write_text(f"{file_sha256(path)}  {path.name}\n")
@@ -296,14 +308,16 @@ def export_run(run_dir: str | Path, exp=None, profile=DEFAULT_PROFILE, quiet: bo
             "round": int(rnd)}
     path = run_dir / NET_FILE
     report = check_model(model, profile, timesteps=data["timesteps"])
-    if data["encoding"] == "direct":
-        report.warnings.append("data.encoding is 'direct': netx has no analog input path, so `neurofed lava` "
-                               "refuses this run (the file is still a valid network description)")
+    if not report.layers:  # refused on its structure: nothing to count, nothing written
+        report.raise_for_violations()
+    warning = graded_state_warning(report.layers[0].max_current, data) if data["encoding"] == "direct" else None
+    report.warnings += [warning] if warning else []
     (run_dir / "hardware.json").write_text(json.dumps(report.to_dict(), indent=2))
     if not quiet:
         print(report.summary())
     report.raise_for_violations()
-    export_model(model, path, meta=meta, profile=profile, timesteps=data["timesteps"], check=False)
+    export_model(model, path, meta=meta, profile=profile, timesteps=data["timesteps"], check=False,
+                 encoding=data["encoding"])
     if not quiet:
         note = "" if cfg["model"]["quantize"] else \
             " (weights quantized to 8 bits at export: trained without model.quantize)"

@@ -34,8 +34,10 @@ import numpy as np
 import torch
 
 from neurofed.deploy import DeployError
-from neurofed.deploy.export import (NET_FILE, check_net_digest, digest_file, export_run, load_global_model,
-                                   read_net)
+from neurofed.deploy.export import (NET_FILE, check_net_digest, digest_file, export_run, fresh_copy,
+                                   load_global_model, read_net)
+from neurofed.deploy.lava_plan import (MESSAGE_BITS, LavaPlan, check_encoding, input_spikes, layer_seeds, plan_for,  # noqa: F401
+                                       to_lava_layout, to_torch_order, torch_reference, unlagged_plan)
 from neurofed.seeds import describe_measured, measured_on, seed_for
 
 BACKENDS = ("fixed_pt", "loihi2")
@@ -60,101 +62,6 @@ def predict(output_counts: np.ndarray) -> np.ndarray:
     """Label = most output spikes; ties go to the lowest index, as ``torch.argmax``
     on the model's readout (rate x logit_scale, a positive multiple of the counts)."""
     return np.argmax(np.asarray(output_counts), axis=1)
-
-
-# ----------------------------------------------------------------------------- inputs
-
-
-def check_encoding(data_cfg: dict) -> None:
-    """Refuse input netx cannot take: direct (analog) currents have no netx input
-    path — its first synapse takes spikes."""
-    encoding = data_cfg["encoding"]
-    if encoding == "direct":
-        raise DeployError("data.encoding is 'direct': analog input currents have no netx input path "
-                          "(the first layer's synapse takes spikes); train with data.encoding=rate to run on Lava")
-    if encoding not in ("rate", "events"):
-        raise DeployError(f"data.encoding: got {encoding!r}; Lava runs take rate or events")
-
-
-def input_spikes(x: np.ndarray, data_cfg: dict, seed: int) -> tuple[np.ndarray, dict]:
-    """The binary input spikes (N, C, H, W, T) both torch and Lava receive, and notes.
-
-    Rate coding draws them once from ``seed``; event data are binarized (Lava's
-    input is a unary spike; a bin holding several events becomes one spike, and
-    the torch reference sees the same). Direct (analog) input is refused
-    (:func:`check_encoding`).
-    """
-    from neurofed.data.encoding import as_tensor, encode
-
-    check_encoding(data_cfg)
-    encoding = data_cfg["encoding"]
-    notes: dict = {"encoding": encoding}
-    x = as_tensor(np.asarray(x))  # uint8 pixels are scaled by the encoder
-    if encoding == "rate":
-        gen = torch.Generator().manual_seed(seed)
-        s = encode(x, "rate", data_cfg["timesteps"], gen, data_cfg.get("max_rate", 1.0))
-        notes["input_seed"] = seed
-    else:  # events
-        s = encode(x, "events", data_cfg["timesteps"])
-        notes["event_bins_clipped"] = float((s > 1).sum()) / max(int((s > 0).sum()), 1)
-    return (s > 0).to(torch.uint8).numpy(), notes
-
-
-def to_lava_layout(spikes: np.ndarray, inp_shape: tuple) -> np.ndarray:
-    """(N, C, H, W, T) -> (N, T, *inp_shape): Lava's (W, H, C), or flat in torch order
-    when the network starts with a dense layer (netx flattens as C, H, W)."""
-    n, t = spikes.shape[0], spikes.shape[-1]
-    if len(inp_shape) == 3:
-        out = spikes.transpose(0, 4, 3, 2, 1)
-    else:
-        out = spikes.reshape(n, -1, t).transpose(0, 2, 1)
-    if tuple(out.shape[2:]) != tuple(inp_shape):
-        raise DeployError(f"input spikes of shape {spikes.shape[1:-1]} do not fit the network input {inp_shape}")
-    return np.ascontiguousarray(out, dtype=np.int8)
-
-
-def to_torch_order(a: np.ndarray) -> np.ndarray:
-    """Lava's (W, H, C) neuron layout back to torch's (C, H, W)."""
-    return np.ascontiguousarray(a.transpose(2, 1, 0)) if a.ndim == 3 else a
-
-
-def layer_seeds(seed: int, num_layers: int) -> list[int]:
-    """Seeds of the raster-checksum weights of each spiking layer."""
-    return [seed_for(seed, "lava-raster", j) for j in range(num_layers)]
-
-
-# ----------------------------------------------------------------------------- torch
-
-
-@torch.no_grad()
-def torch_reference(model, spikes: np.ndarray, seed: int, batch_size: int = 256) -> SpikeStats:
-    """What the torch model does on ``spikes``: per layer counts and raster checksums
-    over the same steps the Lava counters see (block j from step j+1)."""
-    from neurofed.deploy.lava_procs.streaming import raster_weights
-
-    model.eval()
-    t = spikes.shape[-1]
-    spiking = [i for i, layer in enumerate(model.layers) if layer.has_neurons]
-    weights = [torch.from_numpy(raster_weights(s, tuple(model.layers[i].out_shape), t)).double().reshape(-1, t)
-               for s, i in zip(layer_seeds(seed, len(spiking)), spiking)]
-    counts, sums, outputs = [], [], []
-    totals = [torch.zeros(tuple(model.layers[i].out_shape), dtype=torch.float64) for i in spiking]
-    for start in range(0, len(spikes), batch_size):
-        x = torch.from_numpy(spikes[start:start + batch_size]).float()
-        c, s = [], []
-        for i, (layer, block) in enumerate(zip(model.layers, model.blocks)):
-            x = block(x)
-            if layer.has_neurons:
-                j = len(c)
-                y = (x.reshape(len(x), -1, t)[..., j + 1:] != 0).double()
-                c.append(y.sum((1, 2)))
-                totals[j] += y.sum((0, 2)).reshape(totals[j].shape)
-                s.append(torch.einsum("nmt,mt->n", y, weights[j][:, j + 1:]))
-        counts.append(torch.stack(c, 1))
-        sums.append(torch.stack(s, 1))
-        outputs.append(y.sum(-1))
-    return SpikeStats(torch.cat(counts).long().numpy(), torch.cat(sums).long().numpy(),
-                      torch.cat(outputs).long().numpy(), [tot.long().numpy() for tot in totals])
 
 
 # ----------------------------------------------------------------------------- Lava
@@ -191,45 +98,61 @@ def _connect(src, dst, backend: str, to_chip: bool) -> None:
 
 
 def simulate(net_path: str | Path, spikes: np.ndarray, seed: int, backend: str = "fixed_pt",
-             progress: bool = True, chunk: int = 10) -> tuple[SpikeStats, dict]:
+             progress: bool = True, chunk: int = 10, plan: LavaPlan | None = None) -> tuple[SpikeStats, dict]:
     """Stream ``spikes`` (N, C, H, W, T) through the netx network in one compiled run.
 
-    Returns Lava's spike statistics and timings: ``compile_s`` (compile and start
-    of the process models), ``run_s`` (all samples), ``readout_s`` (reading the
-    counters back), ``samples_per_s`` (run only).
+    ``plan`` (lags, graded input, voltage readout; :mod:`neurofed.deploy.lava_plan`) is the one
+    recorded in the file at export unless given. Returns Lava's spike statistics and timings:
+    ``compile_s`` (compile and start of the process models), ``run_s`` (all samples),
+    ``readout_s`` (reading the counters back), ``samples_per_s`` (run only).
     """
     from neurofed.compat import netx
 
     run_cfg = run_config(backend)
     t = spikes.shape[-1]
-    net = netx().hdf5.Network(net_config=str(net_path), reset_interval=t, reset_offset=1)
+    if plan is None:
+        meta = read_net(net_path)
+        recorded = meta.get("lava_plan") or {"lags": [0] * sum(k != "flatten" for k, _ in meta["net_layers"][1:])}
+        plan = LavaPlan(t, tuple(recorded["lags"]), recorded.get("input_bits"), bool(recorded.get("voltage")))
+    if plan.voltage and backend == "loihi2":
+        raise DeployError("model.readout voltage: the voltage is read by a host process's RefPort, which reaches "
+                          "the simulator's neurons but not a chip's (that needs lava-loihi's probes); use --backend "
+                          "fixed_pt")
+    graded = {} if plan.input_bits is None else {"input_message_bits": MESSAGE_BITS}
+    net = netx().hdf5.Network(net_config=str(net_path), reset_interval=plan.window, reset_offset=1, **graded)
     try:
-        return _stream(net, spikes, seed, backend, run_cfg, progress, chunk)
+        return _stream(net, spikes, seed, backend, run_cfg, progress, chunk, plan)
     finally:
         net.net_config.f.close()  # netx keeps the HDF5 file open; the network is built, let it go
 
 
-def _stream(net, spikes, seed, backend, run_cfg, progress, chunk):
+def _stream(net, spikes, seed, backend, run_cfg, progress, chunk, plan):
     from neurofed.compat import lava
+    from neurofed.deploy.lava_procs.readout import VoltageReader
     from neurofed.deploy.lava_procs.streaming import SpikeCounter, SpikeSource
 
     RunSteps = lava("lava.magma.core.run_conditions").RunSteps
-    n, t = spikes.shape[0], spikes.shape[-1]
+    n, t, w = spikes.shape[0], spikes.shape[-1], plan.window
     layers = list(net.layers)
-    if t <= len(layers):
+    if plan.lags[-1] == 0 and t <= len(layers):
         raise DeployError(f"data.timesteps is {t}, but the output of a {len(layers)}-layer network "
                           f"cannot spike before step {len(layers)}; use more time steps")
     with tempfile.TemporaryDirectory(prefix="neurofed-lava-") as tmp:
         data_path = Path(tmp) / "input.npy"
         np.save(data_path, to_lava_layout(spikes, tuple(net.inp.shape)))
-        source = SpikeSource(path=data_path, shape=tuple(net.inp.shape), window=t, samples=n)
+        source = SpikeSource(path=data_path, shape=tuple(net.inp.shape), window=w, samples=n, steps=t)
         _connect(source.s_out, net.inp, backend, to_chip=True)
         counters = []
         for j, (layer, s) in enumerate(zip(layers, layer_seeds(seed, len(layers)))):
-            counter = SpikeCounter(shape=tuple(layer.out.shape), window=t, skip=j + 1, samples=n, seed=s,
-                                   per_neuron=j == len(layers) - 1)
+            skip, stop = plan.counted(j)
+            counter = SpikeCounter(shape=tuple(layer.out.shape), window=w, skip=skip, stop=stop, samples=n, seed=s,
+                                   per_neuron=j == len(layers) - 1 and not plan.voltage)
             _connect(layer.out, counter.s_in, backend, to_chip=False)
             counters.append(counter)
+        reader = None
+        if plan.voltage:  # a Python process reading the neurons' Var: the simulator's (see docs/deployment.md)
+            reader = VoltageReader(shape=tuple(layers[-1].neuron.v.shape), window=w, phase=plan.read_phase, samples=n)
+            reader.ref.connect_var(layers[-1].neuron.v)
 
         bar = None
         try:
@@ -244,13 +167,14 @@ def _stream(net, spikes, seed, backend, run_cfg, progress, chunk):
             done = 0
             while done < n:
                 step = min(chunk, n - done)
-                net.run(condition=RunSteps(num_steps=step * t), run_cfg=run_cfg)
+                net.run(condition=RunSteps(num_steps=step * w), run_cfg=run_cfg)
                 done += step
                 if bar is not None:
                     bar.update(step)
             t2 = time.perf_counter()
             stats = [np.asarray(c.stats.get()).reshape(n, -1) for c in counters]
             totals = [to_torch_order(np.asarray(c.totals.get()).reshape(c.totals.shape)) for c in counters]
+            output = np.asarray(reader.values.get()).reshape(n, -1) if reader is not None else stats[-1][:, 2:]
             t3 = time.perf_counter()
         finally:
             if bar is not None:
@@ -258,7 +182,7 @@ def _stream(net, spikes, seed, backend, run_cfg, progress, chunk):
             net.stop()
     result = SpikeStats(np.stack([s[:, 0] for s in stats], 1).round().astype(np.int64),
                         np.stack([s[:, 1] for s in stats], 1).round().astype(np.int64),
-                        stats[-1][:, 2:].round().astype(np.int64), [t.round().astype(np.int64) for t in totals])
+                        output.round().astype(np.int64), [t.round().astype(np.int64) for t in totals])
     timing = {"compile_s": t1 - t0, "run_s": t2 - t1, "readout_s": t3 - t2,
               "samples_per_s": n / (t2 - t1) if t2 > t1 else None}
     return result, timing
@@ -297,8 +221,10 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     run_config(backend)  # fail before any work when the backend is unavailable
     model, cfg, ds, rnd = load_global_model(run_dir, model_round=model_round)
     check_encoding(cfg["data"])
+    plan = plan_for(model, cfg["data"]["timesteps"], cfg["data"]["encoding"])
     net_path = run_dir / NET_FILE
-    if not net_path.exists() or not digest_file(net_path).exists() or read_net(net_path).get("round") != rnd:
+    if (not net_path.exists() or not digest_file(net_path).exists() or read_net(net_path).get("round") != rnd
+            or read_net(net_path).get("lava_plan") != plan.to_meta()):
         export_run(run_dir, quiet=quiet, model_round=rnd)
     check_net_digest(net_path)
     read_net(net_path, model)
@@ -308,9 +234,13 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     spikes, notes = input_spikes(ds.x_test[:n], cfg["data"], seed)
     labels = np.asarray(ds.y_test[:n])
     t0 = time.perf_counter()
-    torch_stats = torch_reference(model, spikes, seed)
+    torch_stats = torch_reference(fresh_copy(model), spikes, seed, plan)  # the exported network: 8-bit weights
     torch_s = time.perf_counter() - t0
-    lava_stats, timing = simulate(net_path, spikes, seed, backend, progress=progress and not quiet)
+    # the model as trained (float weights unless model.quantize; direct input: the unquantized image)
+    trained = trained_predictions(model, ds.x_test[:n] if plan.input_bits is not None else spikes, cfg["data"])
+    notes.update(trained_accuracy=float(np.mean(trained == labels)),
+                 trained_agreement=float(np.mean(trained == torch_stats.predictions)))
+    lava_stats, timing = simulate(net_path, spikes, seed, backend, progress=progress and not quiet, plan=plan)
 
     neurons = np.array(model.neurons_per_layer, dtype=np.float64)
     t = spikes.shape[-1]
@@ -323,6 +253,8 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
         "round": rnd,
         **compare(lava_stats, torch_stats, labels),
         "timesteps": t,
+        "lava_window": plan.window,  # T + the last layer's lag (lava_plan)
+        "readout": "voltage" if plan.voltage else "spikes",
         "layer_kinds": [l.kind for l in model.layers if l.has_neurons],
         "neurons_per_layer": neurons.astype(int).tolist(),
         "layer_spikes_mean": lava_stats.counts.mean(0).round(4).tolist(),
@@ -350,6 +282,17 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     return result
 
 
+@torch.no_grad()
+def trained_predictions(model, x: np.ndarray, data_cfg: dict) -> np.ndarray:
+    """The run's model as trained on ``x``: images for direct input (encoded as in training,
+    unquantized), else the input spikes."""
+    from neurofed.data.encoding import as_tensor, encode
+
+    s = torch.from_numpy(x).float() if data_cfg["encoding"] != "direct" else encode(
+        as_tensor(np.asarray(x)), "direct", data_cfg["timesteps"], mean=data_cfg.get("mean"), std=data_cfg.get("std"))
+    return np.concatenate([model.readout(model(s[i:i + 256])).argmax(1).numpy() for i in range(0, len(s), 256)])
+
+
 def agreement_head(r: dict) -> str:
     """What a Lava and a NIR run's line say first: the samples, the accuracy beside
     torch's on the same input spikes, and the prediction agreement."""
@@ -366,7 +309,10 @@ def raster_shares(r: dict) -> str:
 
 def summary_line(r: dict) -> str:
     return (f"lava {r['backend']}: {agreement_head(r)}, spike-for-spike {'yes' if r['spike_for_spike'] else 'NO'} "
-            f"({raster_shares(r)}); compile {r['compile_s']:.2f} s, {r['samples_per_s']:.1f} samples/s")
+            f"({raster_shares(r)}); compile {r['compile_s']:.2f} s, {r['samples_per_s']:.3g} samples/s"
+            + (f"; the model as trained (before 8-bit export{', on the unrounded image' if r.get('input_bits') else ''}): "
+               f"accuracy {r['trained_accuracy']:.4f}, agreement with the exported {r['trained_agreement']:.4f}"
+               if "trained_accuracy" in r else ""))
 
 
 def _cpus() -> int:

@@ -31,7 +31,7 @@ import torch
 
 from neurofed.deploy import DeployError
 from neurofed.deploy.lava_run import (SpikeStats, _cpus, agreement_head, input_spikes, layer_seeds, predict,
-                                      raster_shares, torch_reference)
+                                      raster_shares, torch_reference, unlagged_plan)
 from neurofed.deploy.nir_export import NIR_FILE, export_nir_run, graph_meta, node_names, read_nir, synaptic_ops
 from neurofed.deploy.nir_simulators import Simulator, _version, get_simulator
 from neurofed.seeds import measured_on, seed_for
@@ -247,7 +247,7 @@ def run_nir(run_dir: str | Path, samples: int = 200, sim: str = "snntorch", prog
     spikes, notes = input_spikes(ds.x_test[:n], cfg["data"], seed)
     labels = np.asarray(ds.y_test[:n])
     t0 = time.perf_counter()
-    torch_stats = torch_reference(model, spikes, seed)
+    torch_stats = torch_reference(model, spikes, seed, unlagged_plan(model, spikes.shape[-1]))
     torch_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     stats, load_s = simulate(graph, simulator, spikes, seed, lif_names, model, progress=progress and not quiet)

@@ -88,7 +88,7 @@ def _measure(run: LoadedRun, spikes: str, samples: int | None) -> SpikeMaps:
         n = int(record.get("samples", 0))
         # Lava received exactly these input spikes (lava_run draws them from this seed).
         s, _ = input_spikes(run.x_test[:n].numpy(), cfg["data"], seed_for(cfg["seed"], "lava"))
-        first = torch.from_numpy(s).double().sum(dim=(0, s.ndim - 1))
+        first = torch.from_numpy(s != 0).double().sum(dim=(0, s.ndim - 1))  # a graded value is one message
         return read_lava(run.run_dir, run.model, cfg["data"], first_map=first)
     raise ValueError(f"--spikes: got {spikes!r}; allowed: {', '.join(SPIKE_SOURCES)}")
 

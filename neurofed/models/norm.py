@@ -6,21 +6,21 @@ convolution's output before its spiking neuron (``sn1(bn1(conv1(x)))``, and ``bn
 time-flattened tensor, so each channel's statistics are taken over the batch, the map and
 all T steps: here ``F.batch_norm`` on SLAYER's (N, C, ..., T) layout does exactly that.
 
-Statistics: those of the batch at hand, in training and evaluation alike (no running
-means: ``track_running_stats=False``, HeteroFL's "static batch norm" (Diao et al. 2021,
-ICLR, §3) for models of several widths; whether the authors' code tracks running means was
-not checked: their files are not at hand). A model
-then has no buffers to aggregate: the affine scale and shift are trainable parameters and
-the server averages them as any other (within a width, for SFedHIFI). Evaluation results
-depend a little on the batch: neurofed evaluates in batches of 256 in the file's order, which
-is mixed in the published test files and the stand-ins (a test set sorted by class would
-give each batch one class's statistics).
+Statistics: training normalizes with the batch's own (as before running statistics were
+added: the training forward and gradients are unchanged), and tracks running means and
+variances (PyTorch's momentum 0.1, unbiased variance); evaluation normalizes with those, as
+PyTorch's ``BatchNorm`` in ``eval()`` and SpikingJelly's do, so that a model's evaluation
+does not depend on the batch it runs in and the network folded for export
+(:meth:`ChannelBatchNorm.affine`) is the evaluated one. The running statistics are
+parameters that take no gradient, named in ``neurofed.training.params.FEDERATED_STATISTICS``: the
+server averages them with the weights (within a width, for SFedHIFI). HeteroFL's "static
+batch norm" (Diao et al. 2021, ICLR, §3: batch statistics at evaluation too) was this
+module's form before; docs/fidelity.md says what the change does to the evaluation figures.
 
 Without the norm, SLAYER's ResNet-18 does not learn (measured on the CIFAR-10 stand-in at
 width 0.125, one model fitting one batch of 64: 30 % after 60 Adam steps, vs 72 % with the
 norm and 98 % with the norm and the analog global pool; the S-VGG9, which has no residual
-path, fits it in 40). netx and Lava have no batch norm with batch statistics, so a normed
-model is not exported (:data:`EXPORT_REFUSAL`).
+path, fits it in 40). A normed model is not exported yet (:data:`EXPORT_REFUSAL`).
 """
 
 from __future__ import annotations
@@ -34,22 +34,35 @@ from neurofed.models.factorized import FactorizedConv
 
 slayer = _slayer()
 
-EXPORT_REFUSAL = ("model.norm: batch normalizes each layer with the statistics of the batch it runs on; "
-                  "netx, Lava and NIR have no such layer, so the model trains and is energy-counted but is not exported")
+EXPORT_REFUSAL = ("model.norm: batch folds into weight scales and a bias on each step's current "
+                  "(ChannelBatchNorm.affine), but a netx/Lava neuron's bias adds to its voltage and the folded "
+                  "export is not built, so the model trains and is energy-counted but is not exported")
 
 
 class ChannelBatchNorm(nn.Module):
-    """Per-channel batch norm of an (N, C, ..., T) tensor over every axis but C, with the
-    batch's statistics always; affine scale 1 and shift 0 at the start (PyTorch's)."""
+    """Per-channel batch norm of an (N, C, ..., T) tensor over every axis but C: the batch's
+    statistics in training (which also updates the running ones), the running statistics in
+    evaluation; affine scale 1 and shift 0 at the start (PyTorch's)."""
 
-    def __init__(self, channels: int, eps: float = 1e-5):
+    def __init__(self, channels: int, eps: float = 1e-5, momentum: float = 0.1):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(channels))
         self.bias = nn.Parameter(torch.zeros(channels))
+        self.running_mean = nn.Parameter(torch.zeros(channels), requires_grad=False)
+        self.running_var = nn.Parameter(torch.ones(channels), requires_grad=False)
         self.eps = eps
+        self.momentum = momentum
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return F.batch_norm(z, None, None, self.weight, self.bias, training=True, eps=self.eps)
+        return F.batch_norm(z, self.running_mean, self.running_var, self.weight, self.bias,
+                            training=self.training, momentum=self.momentum, eps=self.eps)
+
+    @torch.no_grad()
+    def affine(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scale, shift) per channel with evaluation's ``norm(z) == scale * z + shift``: what
+        folds into the synapse's weights (x scale per output channel) and a bias."""
+        scale = self.weight / torch.sqrt(self.running_var + self.eps)
+        return scale, self.bias - scale * self.running_mean
 
 
 class BatchNormed:

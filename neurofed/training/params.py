@@ -12,6 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+# Untrained parameters the server averages as any other: batch norm's running statistics
+# (neurofed.models.norm), so that the global model evaluates and exports with them.
+FEDERATED_STATISTICS = ("running_mean", "running_var")
+
 
 @dataclass(frozen=True)
 class ParamSpec:
@@ -24,8 +28,11 @@ class ParamSpec:
 
     @classmethod
     def from_model(cls, model: torch.nn.Module) -> "ParamSpec":
-        """Trainable parameters in registration order (buffers are not shared)."""
-        named = [(n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad]
+        """Trainable parameters, and the statistics kept as untrained parameters so that
+        the server averages them (:data:`FEDERATED_STATISTICS`), in registration order
+        (buffers are not shared)."""
+        named = [(n, tuple(p.shape)) for n, p in model.named_parameters()
+                 if p.requires_grad or n.rsplit(".", 1)[-1] in FEDERATED_STATISTICS]
         declared = dict(getattr(model, "param_time_axes", None) or {})
         axes = tuple((n, int(declared[n])) for n, _ in named if n in declared)
         return cls(tuple(n for n, _ in named), tuple(s for _, s in named), axes)

@@ -53,22 +53,28 @@ def to_lava_order(a: np.ndarray) -> np.ndarray:
 
 
 class SpikeSource(_process.AbstractProcess):
-    """Sends ``data[t // window, t % window]`` at step t+1 (zeros after the last sample)."""
+    """Sends sample ``t // window``'s input of phase ``p = t % window`` at step t+1: ``data[sample,
+    min(p, frames - 1)]`` for the first ``steps`` phases of the window (the torch model's T), zeros
+    after them and after the last sample. ``frames`` is the file's second axis: T, or 1 for an image
+    shown at every step (direct input) — stored once, not T times."""
 
-    def __init__(self, *, path: str, shape: tuple, window: int, samples: int):
-        super().__init__(path=str(path), shape=tuple(shape), window=int(window), samples=int(samples))
+    def __init__(self, *, path: str, shape: tuple, window: int, samples: int, steps: int | None = None):
+        super().__init__(path=str(path), shape=tuple(shape), window=int(window), samples=int(samples),
+                         steps=int(window if steps is None else steps))
         self.s_out = _ports.OutPort(shape=tuple(shape))
 
 
 class SpikeCounter(_process.AbstractProcess):
-    """Per-sample spike count and raster checksum of one layer (plus per-neuron
-    counts when ``per_neuron``): Var ``stats`` (samples, 2 [+ neurons]); and each
-    neuron's spikes summed over all samples: Var ``totals`` (the layer's shape)."""
+    """Per-sample spike count and raster checksum of one layer over the phases ``skip ..
+    stop - 1`` of each window (plus per-neuron counts when ``per_neuron``): Var ``stats``
+    (samples, 2 [+ neurons]); and each neuron's spikes summed over all samples: Var
+    ``totals`` (the layer's shape)."""
 
     def __init__(self, *, shape: tuple, window: int, skip: int, samples: int, seed: int,
-                 per_neuron: bool = False):
+                 per_neuron: bool = False, stop: int | None = None):
         super().__init__(shape=tuple(shape), window=int(window), skip=int(skip), samples=int(samples),
-                         seed=int(seed), per_neuron=bool(per_neuron))
+                         seed=int(seed), per_neuron=bool(per_neuron),
+                         stop=int(window if stop is None else stop))
         width = 2 + (int(np.prod(shape)) if per_neuron else 0)
         self.s_in = _ports.InPort(shape=tuple(shape))
         self.stats = _variable.Var(shape=(int(samples), width), init=np.zeros((int(samples), width)))
@@ -86,12 +92,14 @@ class PySpikeSourceModel(_pymodel.PyLoihiProcessModel):
         self.data = np.load(proc_params["path"], mmap_mode="r")
         self.window = proc_params["window"]
         self.samples = proc_params["samples"]
+        self.steps = proc_params["steps"]
+        self.last_frame = self.data.shape[1] - 1
         self.zeros = np.zeros(proc_params["shape"], dtype=np.int32)
 
     def run_spk(self):
         sample, phase = divmod(self.time_step - 1, self.window)
-        if sample < self.samples:
-            self.s_out.send(np.asarray(self.data[sample, phase], dtype=np.int32))
+        if sample < self.samples and phase < self.steps:
+            self.s_out.send(np.asarray(self.data[sample, min(phase, self.last_frame)], dtype=np.int32))
         else:
             self.s_out.send(self.zeros)
 
@@ -108,6 +116,7 @@ class PySpikeCounterModel(_pymodel.PyLoihiProcessModel):
         super().__init__(proc_params)
         self.window = proc_params["window"]
         self.skip = proc_params["skip"]
+        self.stop = proc_params["stop"]
         self.samples = proc_params["samples"]
         self.per_neuron = proc_params["per_neuron"]
         shape = proc_params["shape"]
@@ -121,7 +130,7 @@ class PySpikeCounterModel(_pymodel.PyLoihiProcessModel):
         sample, phase = divmod(self.time_step - 1, self.window)
         if sample >= self.samples:
             return
-        if phase >= self.skip:
+        if self.skip <= phase < self.stop:
             s = (s.reshape(-1) != 0)
             self.count += s
             self.checksum += int(self.weights[s, phase].sum())

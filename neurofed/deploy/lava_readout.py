@@ -1,0 +1,48 @@
+"""netx entries that SLAYER's own ``export_hdf5`` does not write as Lava must run them.
+
+- The voltage readout (``model.readout: voltage``): SLAYER's ``Affine`` block, a neuron
+  that never spikes (threshold -1 switches spike and reset off). netx has no such neuron;
+  a CUBA neuron with its largest threshold mantissa and the block's decays is the same
+  integrator as long as its voltage stays below that threshold (2^23 - 64 in Lava's
+  24-bit state: 2047 in SLAYER units; the constraint check warns beyond it). Lava reads
+  its voltage at each sample's last step (:mod:`neurofed.deploy.lava_procs.readout`).
+- Graded input: the first layer's threshold mantissa times 2^input_bits
+  (:mod:`neurofed.deploy.lava_plan`).
+"""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+
+from neurofed.deploy import DeployError
+
+MAX_THRESHOLD_MANTISSA = (1 << 17) - 1  # Lava LIF's vth: unsigned 17 bits (lava/proc/lif/process.py)
+
+
+def write_voltage_layer(block, group: h5py.Group) -> None:
+    """A SLAYER ``Affine`` block as a netx dense layer whose neuron never reaches threshold."""
+    from neurofed.deploy.constraints import integer_weight
+
+    syn = block.synapse
+    weight = integer_weight(syn).reshape(syn.out_channels, -1).cpu().numpy()
+    group.create_dataset("type", (1,), "S10", [b"dense"])
+    group.create_dataset("shape", data=np.array([syn.out_channels]))
+    group.create_dataset("weight", data=weight)
+    neuron = block.neuron
+    params = {"type": "CUBA", "iDecay": neuron.cx_current_decay, "vDecay": neuron.cx_voltage_decay,
+              "vThMant": MAX_THRESHOLD_MANTISSA, "refDelay": 1, "gradedSpike": False}
+    for key, value in params.items():
+        group.create_dataset(f"neuron/{key}", data=value)
+
+
+def scale_first_threshold(layers: h5py.Group, bits: int) -> None:
+    """The first layer with a neuron: threshold mantissa x 2^bits (its state is scaled so)."""
+    group = next(layers[str(i)] for i in range(1, len(layers)) if "neuron/vThMant" in layers[str(i)])
+    mantissa = int(np.asarray(group["neuron/vThMant"][()]).max()) << bits
+    if mantissa > MAX_THRESHOLD_MANTISSA:
+        raise DeployError(f"layer 0: graded input scales the threshold mantissa to {mantissa}, beyond Lava's "
+                          f"{MAX_THRESHOLD_MANTISSA} (17 bits); lower the threshold")
+    data = np.asarray(group["neuron/vThMant"][()]) << bits
+    del group["neuron/vThMant"]
+    group.create_dataset("neuron/vThMant", data=data)
