@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from neurofed.algorithms import algorithm_names, get_algorithm_class
-from neurofed.algorithms.base import Client, FitResult, ServerContext, weighted_average
+from neurofed.algorithms.base import Client, FitContext, FitResult, ServerContext, weighted_average
 from neurofed.algorithms.fedlc import calibrated_logits
-from neurofed.algorithms.fedlec import (aggregate_through_time, all_labels_kl, calibrated_ce, eq8_held_loss, eq8_loss,
-                                       label_prior, missing_and_rest_kl,
+from neurofed.algorithms.fedlec import (LC_FORMS, LD_FORMS, aggregate_through_time, all_labels_kl, calibrated_ce,
+                                       eq8_held_loss, eq8_loss, label_prior, missing_and_rest_kl,
                                         missing_label_kl)
 from neurofed.algorithms.fednova import effective_steps
 from neurofed.algorithms.fedrs import restricted_logits
@@ -111,14 +111,14 @@ def test_fedprox_adds_half_mu_squared_distance(tiny_cfg):
     exp = Experiment(tiny_cfg(**{"algorithm.name": "fedprox", "algorithm.mu": 0.3}))
     client, spec = exp.client, exp.spec
     model = client.model()
-    client.global_flat = exp.initial
+    ctx = FitContext(spec.unpack(exp.initial), {"seed": 0}, exp.client_data(0), spec=spec, global_flat=exp.initial)
     client.cfg = exp.cfg
     delta = np.random.default_rng(0).normal(0, 0.01, spec.size).astype(np.float32)
     spec.set(model, exp.initial + delta)
-    client.begin(model)
+    client.begin(ctx, model)
     out = torch.rand(3, 10, 4)
     y = torch.tensor([0, 3, 9])
-    extra = (client.loss(model, out, y, None) - F.cross_entropy(model.readout(out), y)).detach()
+    extra = (client.loss(ctx, model, out, y, None) - F.cross_entropy(model.readout(out), y)).detach()
     expected = 0.5 * 0.3 * float(np.sum(delta.astype(np.float64) ** 2))
     assert float(extra) == pytest.approx(expected, rel=1e-4)
 
@@ -371,7 +371,8 @@ def test_fedlec_ld_forms_with_exactly_one_missing_label():
 
 def test_fedlec_teacher_is_a_separate_model_holding_the_global_params(tiny_cfg):
     exp = one_round(tiny_cfg(**{"algorithm.name": "fedlec", "partition.scheme": "cnum"}))
-    assert (exp.client.lc, exp.client.ld) == (eq8_loss, missing_and_rest_kl)  # Eq. 8 over C; Eq. 9 as a KL divergence
+    alg = exp.cfg["algorithm"]
+    assert (LC_FORMS[alg["lc_form"]], LD_FORMS[alg["ld_form"]]) == (eq8_loss, missing_and_rest_kl)  # Eq. 8 over C; Eq. 9 as a KL
     assert exp.record["att_time_parameters"] == 0  # ATT is FedAvg on SLAYER blocks, and says so
     teacher, student = exp.client._teacher, exp.client.model()
     assert teacher is not student
@@ -460,25 +461,28 @@ def test_divfl_selects_from_gram_rows_without_a_float64_copy_of_its_table(monkey
 
 def _client(delta, n, **fed):
     cfg = load_config(None, [f"federation.ldp_laplace={delta}"] + [f"federation.{k}={v}" for k, v in fed.items()])
-    client = Client(cfg, ParamSpec(("w",), ((n,),)), lambda: None)
-    client.round_config = {"seed": 1234}
-    client.global_flat = np.zeros(n, np.float32)
-    return client
+    spec = ParamSpec(("w",), ((n,),))
+    return Client(cfg, spec, lambda: None), FitContext({}, {"seed": 1234}, None, spec=spec, global_flat=np.zeros(n, np.float32))
+
+
+def _privatized(delta, n, upload, **fed):
+    client, ctx = _client(delta, n, **fed)
+    return client.add_privacy_noise(ctx, upload)
 
 
 def test_laplace_noise_has_the_requested_scale():
     n, delta = 200_000, 0.3
     for source in ("os_entropy", "seeded_not_private"):
-        noise = _client(delta, n, privacy_noise=source).add_privacy_noise(np.zeros(n, np.float32)).astype(np.float64)
+        noise = _privatized(delta, n, np.zeros(n, np.float32), privacy_noise=source).astype(np.float64)
         # Laplace(0, b): E|X| = b, Var = 2b², E|X|/std = 1/√2 (a Gaussian gives √(2/π) ≈ 0.80)
         assert abs(noise.mean()) < 4 * math.sqrt(2) * delta / math.sqrt(n)
         assert np.abs(noise).mean() == pytest.approx(delta, rel=0.01)
         assert noise.std() == pytest.approx(math.sqrt(2) * delta, rel=0.01)
         assert np.abs(noise).mean() / noise.std() == pytest.approx(1 / math.sqrt(2), rel=0.01)
-        again = _client(delta, n, privacy_noise=source).add_privacy_noise(np.zeros(n, np.float32))
+        again = _privatized(delta, n, np.zeros(n, np.float32), privacy_noise=source)
         # seeded: the round's client seed fixes the noise; OS entropy: never the same twice
         assert np.array_equal(noise, again) == (source == "seeded_not_private")
-    assert np.array_equal(_client(0.0, 5).add_privacy_noise(np.ones(5, np.float32)), np.ones(5, np.float32))
+    assert np.array_equal(_privatized(0.0, 5, np.ones(5, np.float32)), np.ones(5, np.float32))
 
 
 @pytest.mark.parametrize("name", ["fedavg", "scaffold"])
@@ -505,8 +509,8 @@ def test_update_noise_is_relative_to_each_tensor_s_mean_update_by_default():
     def noised(**fed):
         cfg = load_config(None, [f"federation.{k}={v}" for k, v in fed.items()])
         client = Client(cfg, spec, lambda: None)
-        client.round_config = {"seed": 1234}
-        return client.add_update_noise(upload, glob).astype(np.float64)
+        ctx = FitContext({}, {"seed": 1234}, None, spec=spec, global_flat=glob)
+        return client.add_update_noise(ctx, upload).astype(np.float64)
 
     np.testing.assert_allclose(noised(update_noise=0.5), upload + z * 0.5 * np.array([2, 2, 0.5, 0.5]), rtol=1e-6)
     np.testing.assert_allclose(noised(update_noise=0.5, update_noise_mode="absolute"), upload + z * 0.5, rtol=1e-6)
@@ -545,3 +549,19 @@ def test_scaffold_variates_come_from_the_noised_upload_on_both_sides(tiny_cfg):
         np.testing.assert_allclose(sc.client_states[r.cid]["c_i"], c_i, rtol=1e-5, atol=1e-5)
         expected_c += c_i / sc.server.num_clients
     np.testing.assert_allclose(sc.server.c, expected_c, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- the fit context
+
+BUILT_ONCE = {"cfg", "spec", "model_factory", "_model", "_teacher", "_prev_model"}  # run-wide, not per call
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "scaffold", "fednova", "fedlc", "fedrs", "fedlec",
+                                  "fedmos", "sfedca", "divfl"])
+def test_client_keeps_no_per_call_state(tiny_cfg, name):
+    # a round's values (download, config, data, state, what begin derives) live in the FitContext
+    skew = {"partition.scheme": "cnum", "partition.classes_per_client": 2}  # FedLEC distils
+    extra = {"algorithm.candidates": 3} if name == "sfedca" else {}
+    exp = one_round(tiny_cfg(**skew, **extra, **{"algorithm.name": name}))
+    assert exp.record["trained"] and not exp.record["failed"], exp.record
+    assert set(vars(exp.client)) <= BUILT_ONCE, set(vars(exp.client)) - BUILT_ONCE

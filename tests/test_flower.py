@@ -30,7 +30,7 @@ from neurofed.flower.loopback import free_ports
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from neurofed.algorithms.base import FitResult
+from neurofed.algorithms.base import FitContext, FitResult
 from neurofed.config import ConfigError, load_config
 from neurofed.flower.records import (from_arrays, from_config, from_metrics, load_state, save_state, to_arrays,
                                      to_config, to_metrics)
@@ -344,7 +344,7 @@ def test_client_app_trains_like_the_in_process_client_half(task_identity):
     for rnd in (1, 2):
         config = exp.server.client_config(rnd, cid)
         message = exp.server.message()
-        params, n, metrics = exp.client.fit(message, config, exp.client_data(cid), state)
+        params, n, metrics = exp.client.fit(FitContext(message, config, exp.client_data(cid), state))
         msg = Message(RecordDict({"arrays": to_arrays(message), "config": to_config(config),
                                   TARGET_KEY: ConfigRecord({"partition-id": cid})}),
                       dst_node_id=77, message_type="train")
