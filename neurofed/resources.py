@@ -24,7 +24,13 @@ EXAMPLES = "examples"
 
 def _data(name: str) -> Path:
     # files() of a regular (not zipped) package is a pathlib.Path: compilers and yaml need real files
-    return Path(str(files("neurofed") / "_data" / name))
+    linked = Path(str(files("neurofed") / "_data" / name))
+    if linked.is_dir():
+        return linked
+    # A Flower app bundle (FAB) carries no symlinks: it ships hw_profiles/ and examples/ beside
+    # the neurofed/ package (pyproject.toml: fab-include), where the app's processes find them.
+    beside = Path(str(files("neurofed"))).parent / name
+    return beside if beside.is_dir() else linked
 
 
 def profiles_dir() -> Path:

@@ -97,11 +97,11 @@ def test_failing_or_nonfinite_client_is_dropped(tiny_cfg, tmp_path, monkeypatch)
     exp = Experiment(tiny_cfg(**{"partition.num_clients": 3, "federation.clients_per_round": 3}))
     real_fit = Client.fit
 
-    def flaky(self, params, config, data, state):
-        if data.cid == 0:
+    def flaky(self, ctx):
+        if ctx.data.cid == 0:
             raise RuntimeError("device out of memory")
-        out, n, metrics = real_fit(self, params, config, data, state)
-        if data.cid == 1:
+        out, n, metrics = real_fit(self, ctx)
+        if ctx.data.cid == 1:
             out = {k: np.full_like(v, np.nan) for k, v in out.items()}
         return out, n, metrics
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from neurofed.algorithms.base import Client, ClientData, FitResult, ServerContext
+from neurofed.algorithms.base import Client, ClientData, FitContext, FitResult, ServerContext
 from neurofed.algorithms.divfl import DivFLServer, greedy_facility_location, update_similarity
 from neurofed.algorithms.fedmos import (FedMoSClient, adaptive_selection, server_momentum_step,
                                         storm_direction)
@@ -109,7 +109,7 @@ def test_sfedca_client_reports_delta_r_of_global_vs_trained(tiny_cfg):
     exp = Experiment(tiny_cfg(**{"algorithm.name": "sfedca", "algorithm.candidates": 3}))
     data = exp.client_data(1)
     config = exp.server.client_config(1, 1)
-    params, n, metrics = exp.client.fit(exp.server.message(), config, data, {})
+    params, n, metrics = exp.client.fit(FitContext(exp.server.message(), config, data))
     seed = seed_for(config["seed"], "rates")
     model = exp.new_model()
     exp.spec.set(model, exp.server.params)
@@ -121,13 +121,13 @@ def test_sfedca_client_reports_delta_r_of_global_vs_trained(tiny_cfg):
 
     seeded = Experiment(tiny_cfg(**{"algorithm.name": "sfedca", "algorithm.candidates": 3,
                                     "algorithm.rate_noise": 0.05, "federation.privacy_noise": "seeded_not_private"}))
-    _, _, m1 = seeded.client.fit(seeded.server.message(), config, data, {})
-    _, _, m2 = seeded.client.fit(seeded.server.message(), config, data, {})
+    _, _, m1 = seeded.client.fit(FitContext(seeded.server.message(), config, data))
+    _, _, m2 = seeded.client.fit(FitContext(seeded.server.message(), config, data))
     assert m1["delta_r"] == m2["delta_r"] != metrics["delta_r"]  # seeded noise on the rates
     private = Experiment(tiny_cfg(**{"algorithm.name": "sfedca", "algorithm.candidates": 3,
                                      "algorithm.rate_noise": 0.05}))
-    _, _, m3 = private.client.fit(private.server.message(), config, data, {})
-    _, _, m4 = private.client.fit(private.server.message(), config, data, {})
+    _, _, m3 = private.client.fit(FitContext(private.server.message(), config, data))
+    _, _, m4 = private.client.fit(FitContext(private.server.message(), config, data))
     assert len({m1["delta_r"], m3["delta_r"], m4["delta_r"]}) == 3  # OS entropy: never the same noise
 
 
@@ -252,7 +252,7 @@ def test_fedmos_client_follows_the_storm_recursion():
     w = torch.tensor([[0.2, -0.1, 0.3], [0.0, 0.4, -0.2]])
     data = _linear_data()
     client = FedMoSClient(_fedmos_cfg(a, mu), spec, Linear)
-    params, _, _ = client.fit({"fc.weight": w.numpy()}, {"seed": seed}, data, {})
+    params, _, _ = client.fit(FitContext({"fc.weight": w.numpy()}, {"seed": seed}, data))
 
     def grad(x, idx):
         x = x.clone().requires_grad_(True)
@@ -275,10 +275,10 @@ def test_fedmos_client_at_a1_mu0_is_fedavg():
     spec = ParamSpec.from_model(Linear())
     msg = {"fc.weight": np.array([[0.2, -0.1, 0.3], [0.0, 0.4, -0.2]], np.float32)}
     data = _linear_data()
-    ours, _, _ = FedMoSClient(_fedmos_cfg(1.0, 0.0), spec, Linear).fit(msg, {"seed": 5}, data, {})
-    plain, _, _ = Client(_fedmos_cfg(1.0, 0.0), spec, Linear).fit(msg, {"seed": 5}, data, {})
+    ours, _, _ = FedMoSClient(_fedmos_cfg(1.0, 0.0), spec, Linear).fit(FitContext(msg, {"seed": 5}, data))
+    plain, _, _ = Client(_fedmos_cfg(1.0, 0.0), spec, Linear).fit(FitContext(msg, {"seed": 5}, data))
     np.testing.assert_array_equal(ours["fc.weight"], plain["fc.weight"])
-    other, _, _ = FedMoSClient(_fedmos_cfg(0.3, 0.0), spec, Linear).fit(msg, {"seed": 5}, data, {})
+    other, _, _ = FedMoSClient(_fedmos_cfg(0.3, 0.0), spec, Linear).fit(FitContext(msg, {"seed": 5}, data))
     assert not np.allclose(other["fc.weight"], plain["fc.weight"])
 
 

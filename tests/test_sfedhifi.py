@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from neurofed.algorithms import get_algorithm_class
-from neurofed.algorithms.base import ServerContext
+from neurofed.algorithms.base import FitContext, ServerContext
 from neurofed.algorithms.base import FitResult
 from neurofed.algorithms.sfedhifi.fusion import canonical_signs, choose_layer, default_ranks, fixed_ranks, tucker_fuse
 from neurofed.config import DEFAULTS, ConfigError, load_config
@@ -160,7 +160,7 @@ def test_local_objective_is_tet_plus_lambda_times_orthogonality(tiny_cfg):
     y = torch.tensor([0, 3, 1])
     tet = np.mean([float(F.cross_entropy(2.0 * out[..., t], y)) for t in range(5)])
     expected = tet + 0.5 * float(orthogonality_penalty(model).detach())
-    assert float(client.loss(model, out, y, None).detach()) == pytest.approx(expected, rel=1e-6)
+    assert float(client.loss(FitContext({}, {}, None), model, out, y, None).detach()) == pytest.approx(expected, rel=1e-6)
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -472,3 +472,19 @@ def test_a_heterogeneous_run_reports_accuracy_per_width(name, tiny_cfg, tmp_path
     assert energy["0.25"]["macs"] < energy["0.5"]["macs"] < energy["1"]["macs"]
     assert energy["0.5"]["snn_energy_j"] == pytest.approx(json.loads((tmp_path / "energy.json").read_text())
                                                           ["snn_energy_j"])
+
+
+@pytest.mark.parametrize("name", ["sfedhifi", "hetero_fedprox"])
+def test_a_heterogeneous_client_keeps_only_its_models_per_width(name, tiny_cfg):
+    # each fit's width, layout and download live in its FitContext: the client keeps no width between calls
+    from neurofed.fl.experiment import Experiment
+
+    exp = Experiment(tiny_cfg(**{"algorithm.name": name, "model.name": "test_tiny_hifi", "model.width": 0.5,
+                                 "partition.num_clients": 8, "federation.clients_per_round": 4,
+                                 "algorithm.selection": "cover_widths",
+                                 **({"algorithm.rate_samples": 16} if name == "sfedhifi" else {})}))
+    record = exp.run_round(1)
+    assert len(record["trained"]) == 4 and not record["failed"], record
+    assert set(vars(exp.client)) <= {"cfg", "spec", "model_factory", "_model", "_widths"}
+    assert exp.client.spec is exp.spec  # not the last call's width
+    assert sorted(exp.client._widths) == WIDTHS

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
@@ -68,15 +69,67 @@ class FitResult:
     metrics: dict = field(default_factory=dict)
 
 
+@dataclass
+class FitContext:
+    """One call of :meth:`Client.fit`: what the client is asked to do this round, handed to
+    every hook, so that the client object keeps no per-call state.
+
+    ``params``: the download by name (:meth:`Server.message_for`: the model's arrays and any
+    beyond them, e.g. SCAFFOLD's c); ``config``: the round's config (``seed``, ``round``,
+    maybe ``lr``, ``width``); ``data``: this client's shard; ``state``: its dict across
+    rounds, updated in place. :meth:`Client.fit` fills ``spec`` (the layout of this
+    round's model) and ``global_flat`` (the downloaded model, flat in ``spec`` order);
+    ``derived`` holds what an algorithm's ``begin`` derives for this round's later hooks
+    (FedProx's anchor, SCAFFOLD's c and c_i, ...)."""
+
+    params: dict[str, np.ndarray]
+    config: dict
+    data: ClientData
+    state: dict = field(default_factory=dict)
+    spec: ParamSpec | None = None
+    global_flat: np.ndarray | None = None
+    derived: SimpleNamespace = field(default_factory=SimpleNamespace)
+
+    @property
+    def seed(self) -> int:
+        """The round's seed (encoding, shuffling and seeded noise)."""
+        return int(self.config["seed"])
+
+    @property
+    def round(self) -> int | None:
+        """The round number (None where the caller gave none)."""
+        return None if "round" not in self.config else int(self.config["round"])
+
+
+class _BoundHooks:
+    """The client's training hooks with one call's context bound, in the form
+    :func:`~neurofed.training.local.train_local` calls them."""
+
+    def __init__(self, client: "Client", ctx: FitContext):
+        self.client, self.ctx = client, ctx
+
+    def make_optimizer(self, model, fed_cfg):
+        return self.client.make_optimizer(model, fed_cfg)
+
+    def loss(self, model, output, y, x):
+        return self.client.loss(self.ctx, model, output, y, x)
+
+    def before_step(self, model, optimizer):
+        self.client.before_step(self.ctx, model, optimizer)
+
+    def after_step(self, model, optimizer):
+        self.client.after_step(self.ctx, model, optimizer)
+
+
 class Client:
     """FedAvg client (McMahan et al., AISTATS 2017): local SGD/Adam on cross-entropy,
     upload the trained parameters.
 
     Hooks into :func:`neurofed.training.local.train_local`: ``make_optimizer``, ``loss``,
-    ``before_step``, ``after_step``; around it: ``begin`` (read the round's config,
-    set up per-round state) and ``finish`` (build the upload, update local state).
-    ``state`` is this client's persistent dict across rounds (kept by the runner or
-    the Flower node); algorithms that need no client state leave it empty.
+    ``before_step``, ``after_step``; around it: ``begin`` (derive this round's values into
+    ``ctx.derived``) and ``finish`` (build the upload), then ``uploaded`` (update local
+    state). Every hook but ``make_optimizer`` gets the call's :class:`FitContext` first;
+    the client object holds only the run's config and models built once.
     """
 
     def __init__(self, cfg: dict, spec: ParamSpec, model_factory: Callable[[], torch.nn.Module]):
@@ -88,91 +141,92 @@ class Client:
         self._model = None
 
     # -- the message interface ------------------------------------------------------
-    def fit(self, params: dict[str, np.ndarray], config: dict, data: ClientData, state: dict):
-        """Train on ``data`` from the downloaded ``params`` (by name; the server's message) with
-        the round ``config`` (``seed``, ``round``, maybe ``lr``); ``state`` is this client's
-        dict across rounds, updated in place. Returns ``(params by name, num_examples, metrics)``."""
-        global_flat = self.spec.pack(params)
-        model = self.model()
-        self.spec.set(model, global_flat)
-        self.global_flat = global_flat
-        self.message = params  # the whole download, incl. arrays beyond the model's (Server.message)
-        self.round_config = config
-        self.data = data
-        self.state = state
-        self.begin(model)
+    def fit(self, ctx: FitContext) -> tuple[dict[str, np.ndarray], int, dict]:
+        """Train on ``ctx.data`` from the downloaded ``ctx.params`` with the round's
+        ``ctx.config``; ``ctx.state`` is updated in place. Returns ``(params by name,
+        num_examples, metrics)``."""
+        data, config = ctx.data, ctx.config
+        ctx.spec = self.spec_for(ctx)
+        ctx.global_flat = ctx.spec.pack(ctx.params)
+        model = self.model(ctx)
+        ctx.spec.set(model, ctx.global_flat)
+        self.begin(ctx, model)
         if len(data.y) == 0:
             raise ValueError(f"client {data.cid} has no training samples")  # would divide FedAvg by zero
         run_cfg = self.cfg
         if "lr" in config:  # the server's per-round learning rate (round_lr)
             run_cfg = {**self.cfg, "federation": {**self.cfg["federation"], "lr": float(config["lr"])}}
-        metrics = train_local(model, data.x, data.y, run_cfg, self, seed=int(config["seed"]))
-        local_flat = self.spec.get(model)
-        upload = self.finish(model, local_flat, metrics)
-        upload = self.add_update_noise(upload, global_flat)
-        upload = self.add_privacy_noise(upload)
-        self.uploaded(upload, metrics)
+        metrics = train_local(model, data.x, data.y, run_cfg, _BoundHooks(self, ctx), seed=ctx.seed)
+        local_flat = ctx.spec.get(model)
+        upload = self.finish(ctx, model, local_flat, metrics)
+        upload = self.add_update_noise(ctx, upload)
+        upload = self.add_privacy_noise(ctx, upload)
+        self.uploaded(ctx, upload, metrics)
         if not self.cfg["federation"].get("ldp_laplace"):  # under LDP the class histogram stays home
             metrics["label_counts"] = data.label_counts
-        return self.spec.unpack(upload), int(len(data.y)), metrics
+        return ctx.spec.unpack(upload), int(len(data.y)), metrics
 
-    def model(self) -> torch.nn.Module:
+    def spec_for(self, ctx: FitContext) -> ParamSpec:
+        """The parameter layout of the model this call trains (one layout by default)."""
+        return self.spec
+
+    def model(self, ctx: FitContext | None = None) -> torch.nn.Module:
         """The working model, built once and reloaded each round (SLAYER blocks with
         weight norm cannot be deep-copied, so we never copy models)."""
         if self._model is None:
             self._model = self.model_factory()
         return self._model
 
-    def param_tensors(self, model, flat: np.ndarray) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
-        """``flat`` (a vector in ``spec`` order) cut into tensors, each paired with the
+    def param_tensors(self, ctx: FitContext, model, flat: np.ndarray) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """``flat`` (a vector in ``ctx.spec`` order) cut into tensors, each paired with the
         model parameter it belongs to: for terms such as w − w_global or c − c_i."""
         params = dict(model.named_parameters())
-        arrays = self.spec.unpack(np.asarray(flat, dtype=np.float32))
-        return [(params[n], torch.from_numpy(np.array(arrays[n])).to(params[n].device)) for n in self.spec.names]
+        arrays = ctx.spec.unpack(np.asarray(flat, dtype=np.float32))
+        return [(params[n], torch.from_numpy(np.array(arrays[n])).to(params[n].device)) for n in ctx.spec.names]
 
     # -- hooks -------------------------------------------------------------------------
-    def begin(self, model) -> None:
-        """Before local training: ``model`` holds the global parameters; read the round's
-        config and set up per-round state."""
+    def begin(self, ctx: FitContext, model) -> None:
+        """Before local training: ``model`` holds the global parameters; derive this
+        round's values into ``ctx.derived``."""
 
     def make_optimizer(self, model, fed_cfg: dict):
         """The local optimizer over ``model``'s parameters (``fed_cfg``: the federation section,
         with this round's lr)."""
         return make_optimizer(model.parameters(), fed_cfg)
 
-    def loss(self, model, output: torch.Tensor, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def loss(self, ctx: FitContext, model, output: torch.Tensor, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The local objective of one batch: ``output`` the model's spikes for input ``x``,
         ``y`` the labels; returns a scalar tensor."""
         return F.cross_entropy(model.readout(output), y)
 
-    def before_step(self, model, optimizer) -> None:
+    def before_step(self, ctx: FitContext, model, optimizer) -> None:
         """After the backward pass, before ``optimizer.step()`` (e.g. gradient corrections)."""
 
-    def after_step(self, model, optimizer) -> None:
+    def after_step(self, ctx: FitContext, model, optimizer) -> None:
         """After ``optimizer.step()`` (e.g. counting steps)."""
 
-    def finish(self, model, local_flat: np.ndarray, metrics: dict) -> np.ndarray:
-        """The upload (flat, ``spec`` order) from the trained parameters ``local_flat``;
+    def finish(self, ctx: FitContext, model, local_flat: np.ndarray, metrics: dict) -> np.ndarray:
+        """The upload (flat, ``ctx.spec`` order) from the trained parameters ``local_flat``;
         ``metrics`` may be extended in place."""
         return local_flat
 
-    def uploaded(self, upload: np.ndarray, metrics: dict) -> None:
-        """After the upload is final (noise included): update local state from what
+    def uploaded(self, ctx: FitContext, upload: np.ndarray, metrics: dict) -> None:
+        """After the upload is final (noise included): update ``ctx.state`` from what
         the server will see, so client and server state agree (SCAFFOLD's c_i)."""
 
-    def noise(self, stream: str, *keys: int) -> "Noise":
+    def noise(self, ctx: FitContext, stream: str, *keys: int) -> "Noise":
         """This round's noise source for ``stream`` (:mod:`neurofed.training.privacy`): OS
         entropy, or — ``federation.privacy_noise: seeded_not_private`` — the round seed."""
         from neurofed.training.privacy import OS_ENTROPY, Noise
 
         source = self.cfg["federation"].get("privacy_noise", OS_ENTROPY)
-        return Noise(source, int(self.round_config["seed"]), stream, *keys)
+        return Noise(source, ctx.seed, stream, *keys)
 
-    def add_update_noise(self, upload: np.ndarray, global_flat: np.ndarray) -> np.ndarray:
+    def add_update_noise(self, ctx: FitContext, upload: np.ndarray) -> np.ndarray:
         """``upload`` with FedSNN's update noise of this round (:func:`~neurofed.algorithms.policies.update_noise`)."""
-        return update_noise(upload, global_flat, self.spec, self.cfg["federation"], int(self.round_config["seed"]))
+        return update_noise(upload, ctx.global_flat, ctx.spec, self.cfg["federation"], ctx.seed)
 
-    def add_privacy_noise(self, upload: np.ndarray) -> np.ndarray:
+    def add_privacy_noise(self, ctx: FitContext, upload: np.ndarray) -> np.ndarray:
         """Laplace local differential privacy (:mod:`neurofed.training.privacy`): the update
         y − x clipped to L1 norm ``federation.ldp_clip`` = C, then Laplace(0, b) on
         every uploaded value, b = ``federation.ldp_laplace`` (E|noise| = b, std = √2·b);
@@ -184,7 +238,7 @@ class Client:
         fed = self.cfg["federation"]
         if not fed.get("ldp_laplace", 0.0):
             return upload
-        return privatize_update(upload, self.global_flat, fed, self.noise("ldp_laplace"))
+        return privatize_update(upload, ctx.global_flat, fed, self.noise(ctx, "ldp_laplace"))
 
 
 class Server:

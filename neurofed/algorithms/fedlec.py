@@ -249,29 +249,28 @@ class FedLECClient(Client):
                 p.requires_grad_(False)
         return self._teacher
 
-    def begin(self, model) -> None:
-        super().begin(model)
-        alg = self.cfg["algorithm"]
-        counts = np.asarray(self.data.label_counts, dtype=np.float64)
-        self.prior = label_prior(counts, float(alg["prior_smoothing"]))
-        self.missing = counts == 0
-        self.lam = float(alg["lambda"])
-        self.temperature = float(alg["temperature"])
-        self.distill = bool(self.missing.any()) and self.lam > 0
-        self.lc, self.ld = LC_FORMS[alg["lc_form"]], LD_FORMS[alg["ld_form"]]
-        if self.distill:
+    def begin(self, ctx, model) -> None:
+        super().begin(ctx, model)
+        alg, r = self.cfg["algorithm"], ctx.derived
+        counts = np.asarray(ctx.data.label_counts, dtype=np.float64)
+        r.prior = label_prior(counts, float(alg["prior_smoothing"]))
+        r.missing = counts == 0
+        r.distill = bool(r.missing.any()) and float(alg["lambda"]) > 0
+        if r.distill:
             teacher = self.teacher()
-            self.spec.set(teacher, self.global_flat)
+            ctx.spec.set(teacher, ctx.global_flat)
             teacher.eval()
 
-    def loss(self, model, output, y, x):
+    def loss(self, ctx, model, output, y, x):
+        alg, r = self.cfg["algorithm"], ctx.derived
+        lam, lc, ld = float(alg["lambda"]), LC_FORMS[alg["lc_form"]], LD_FORMS[alg["ld_form"]]
         logits = model.readout(output)
-        loss = (1.0 - self.lam) * self.lc(logits, y, self.prior)
-        if self.distill:
+        loss = (1.0 - lam) * lc(logits, y, r.prior)
+        if r.distill:
             with torch.no_grad():
                 teacher = self.teacher()
                 teacher_logits = teacher.readout(teacher(x))
-            loss = loss + self.lam * self.ld(logits, teacher_logits, self.missing, self.temperature)
+            loss = loss + lam * ld(logits, teacher_logits, r.missing, float(alg["temperature"]))
         return loss
 
 

@@ -86,50 +86,51 @@ class FedMoSClient(Client):
         super().__init__(cfg, spec, model_factory)
         self._prev_model = None  # holds x_{t−1} for ∇f(x_{t−1}; ξ_t); built once
 
-    def begin(self, model) -> None:
-        super().begin(model)
-        self.d = None  # local momentum, reset every round
-        self.prev_flat = None  # x_{t−1}
-        self.names = self.spec.names
-        self.device = model_device(model)
-        self.global_t = torch.from_numpy(self.global_flat.copy()).to(self.device)
+    def begin(self, ctx, model) -> None:
+        super().begin(ctx, model)
+        r = ctx.derived
+        r.d = None  # local momentum, reset every round
+        r.prev_flat = None  # x_{t−1}
+        r.device = model_device(model)
+        r.global_t = torch.from_numpy(ctx.global_flat.copy()).to(r.device)
 
-    def loss(self, model, output, y, x):
-        self.batch = (x, y)
-        return super().loss(model, output, y, x)
+    def loss(self, ctx, model, output, y, x):
+        ctx.derived.batch = (x, y)
+        return super().loss(ctx, model, output, y, x)
 
-    def before_step(self, model, optimizer) -> None:
+    def before_step(self, ctx, model, optimizer) -> None:
+        r, spec = ctx.derived, ctx.spec
         a = self.cfg["algorithm"]["a"]
-        grad = _flat_grad(model, self.names)
-        grad_prev = self.grad_at_previous_point(model) if self.d is not None else None
-        self.d = storm_direction(grad, grad_prev, self.d, a)
-        self.prev_flat = self.spec.get(model)
-        x_t = torch.from_numpy(self.prev_flat).to(self.device)
-        self.prox = self.cfg["algorithm"]["mu"] * (x_t - self.global_t)
+        grad = _flat_grad(model, spec.names)
+        grad_prev = self.grad_at_previous_point(ctx, model) if r.d is not None else None
+        r.d = storm_direction(grad, grad_prev, r.d, a)
+        r.prev_flat = spec.get(model)
+        x_t = torch.from_numpy(r.prev_flat).to(r.device)
+        r.prox = self.cfg["algorithm"]["mu"] * (x_t - r.global_t)
         params = dict(model.named_parameters())
-        for name, sl in self.spec.slices().items():
+        for name, sl in spec.slices().items():
             if params[name].grad is not None:
-                params[name].grad.copy_(self.d[sl].view_as(params[name]))
+                params[name].grad.copy_(r.d[sl].view_as(params[name]))
 
-    def after_step(self, model, optimizer) -> None:
+    def after_step(self, ctx, model, optimizer) -> None:
         if not self.cfg["algorithm"]["mu"]:
             return
         params = dict(model.named_parameters())
         with torch.no_grad():
-            for name, sl in self.spec.slices().items():
-                params[name].sub_(self.prox[sl].view_as(params[name]))
+            for name, sl in ctx.spec.slices().items():
+                params[name].sub_(ctx.derived.prox[sl].view_as(params[name]))
 
-    def grad_at_previous_point(self, model) -> torch.Tensor:
+    def grad_at_previous_point(self, ctx, model) -> torch.Tensor:
         """∇f(x_{t−1}; ξ_t) on the same encoded minibatch, in a second model."""
         if self._prev_model is None:
             self._prev_model = self.model_factory()
         prev = self._prev_model
         prev.train(model.training)
-        self.spec.set(prev, self.prev_flat)
+        ctx.spec.set(prev, ctx.derived.prev_flat)
         prev.zero_grad(set_to_none=True)
-        x, y = self.batch
-        Client.loss(self, prev, prev(x), y, x).backward()
-        return _flat_grad(prev, self.names)
+        x, y = ctx.derived.batch
+        Client.loss(self, ctx, prev, prev(x), y, x).backward()
+        return _flat_grad(prev, ctx.spec.names)
 
 
 class FedMoSServer(Server):

@@ -37,7 +37,7 @@ class FedNovaClient(Client):
     decay is not folded into a_i (the paper's proximal case is not a weight decay).
     """
 
-    def finish(self, model, local_flat, metrics):
+    def finish(self, ctx, model, local_flat, metrics):
         fed = self.cfg["federation"]
         rho = fed.get("momentum", 0.0) if fed["optimizer"] == "sgd" else 0.0
         metrics["fednova_a"] = effective_steps(metrics["steps"], rho)

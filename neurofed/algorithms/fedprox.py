@@ -21,17 +21,18 @@ class FedProxClient(Client):
     and w^t the parameters received this round; μ is ``algorithm.mu``. μ = 0 is FedAvg.
     """
 
-    def begin(self, model) -> None:
-        super().begin(model)
-        self.mu = float(self.cfg["algorithm"]["mu"])
-        self.anchor = self.param_tensors(model, self.global_flat) if self.mu else []
+    def begin(self, ctx, model) -> None:
+        super().begin(ctx, model)
+        mu = float(self.cfg["algorithm"]["mu"])
+        ctx.derived.anchor = self.param_tensors(ctx, model, ctx.global_flat) if mu else []
 
-    def loss(self, model, output, y, x):
-        loss = super().loss(model, output, y, x)
-        if not self.mu:
+    def loss(self, ctx, model, output, y, x):
+        loss = super().loss(ctx, model, output, y, x)
+        mu = float(self.cfg["algorithm"]["mu"])
+        if not mu:
             return loss
-        prox = sum(((p - w0) ** 2).sum() for p, w0 in self.anchor)
-        return loss + 0.5 * self.mu * prox
+        prox = sum(((p - w0) ** 2).sum() for p, w0 in ctx.derived.anchor)
+        return loss + 0.5 * mu * prox
 
 
 class FedProx(FedAvg):

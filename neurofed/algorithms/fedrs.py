@@ -33,13 +33,13 @@ class FedRSClient(Client):
     logit is its spike rate × ``federation.logit_scale``, so we scale that logit.
     """
 
-    def begin(self, model) -> None:
-        super().begin(model)
-        self.counts = np.asarray(self.data.label_counts)
-        self.alpha = float(self.cfg["algorithm"]["alpha"])
+    def begin(self, ctx, model) -> None:
+        super().begin(ctx, model)
+        ctx.derived.counts = np.asarray(ctx.data.label_counts)
 
-    def loss(self, model, output, y, x):
-        return F.cross_entropy(restricted_logits(model.readout(output), self.counts, self.alpha), y)
+    def loss(self, ctx, model, output, y, x):
+        alpha = float(self.cfg["algorithm"]["alpha"])
+        return F.cross_entropy(restricted_logits(model.readout(output), ctx.derived.counts, alpha), y)
 
 
 class FedRS(FedAvg):

@@ -40,25 +40,27 @@ class ScaffoldClient(Client):
     round's learning rate (``federation.lr`` with its schedule, :func:`neurofed.algorithms.policies.round_lr`).
     """
 
-    def begin(self, model) -> None:
-        super().begin(model)
-        self.c = np.asarray(self.message[C_KEY], dtype=np.float32)
-        self.c_i = self.state.get("c_i", np.zeros_like(self.c))
-        self.lr = float(self.round_config.get("lr", self.cfg["federation"]["lr"]))  # this round's η_l
-        drift = self.c - self.c_i
-        self.correction = self.param_tensors(model, drift) if np.any(drift) else []
+    def begin(self, ctx, model) -> None:
+        super().begin(ctx, model)
+        r = ctx.derived
+        r.c = np.asarray(ctx.params[C_KEY], dtype=np.float32)
+        r.c_i = ctx.state.get("c_i", np.zeros_like(r.c))
+        r.lr = float(ctx.config.get("lr", self.cfg["federation"]["lr"]))  # this round's η_l
+        drift = r.c - r.c_i
+        r.correction = self.param_tensors(ctx, model, drift) if np.any(drift) else []
 
     @torch.no_grad()
-    def after_step(self, model, optimizer) -> None:
-        for p, d in self.correction:
-            p.sub_(d, alpha=self.lr)
+    def after_step(self, ctx, model, optimizer) -> None:
+        for p, d in ctx.derived.correction:
+            p.sub_(d, alpha=ctx.derived.lr)
 
-    def uploaded(self, upload, metrics):
+    def uploaded(self, ctx, upload, metrics):
         # Δc_i from the upload as sent (update noise and, under federation.ldp_laplace, the
         # privatized upload, a post-processing of it): exactly the Δc_i the server computes,
         # so c stays the mean of the c_i (a c_i from the clean y_i would drift from it).
-        delta_c = option_ii(self.global_flat, upload, self.c, metrics["steps"], self.lr)
-        self.state["c_i"] = self.c_i + delta_c
+        r = ctx.derived
+        delta_c = option_ii(ctx.global_flat, upload, r.c, metrics["steps"], r.lr)
+        ctx.state["c_i"] = r.c_i + delta_c
 
 
 class ScaffoldServer(Server):

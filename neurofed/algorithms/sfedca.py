@@ -88,17 +88,17 @@ def delta_r(before: np.ndarray, after: np.ndarray) -> float:
 class SFedCAClient(Client):
     """FedAvg local training bracketed by the two firing-rate passes of Alg. 1 (lines 5, 8)."""
 
-    def begin(self, model) -> None:
-        super().begin(model)
-        self.rates_before = self.reported_rates(model, "before")
+    def begin(self, ctx, model) -> None:
+        super().begin(ctx, model)
+        ctx.derived.rates_before = self.reported_rates(ctx, model, "before")
 
-    def finish(self, model, local_flat: np.ndarray, metrics: dict) -> np.ndarray:
-        metrics["delta_r"] = delta_r(self.rates_before, self.reported_rates(model, "after"))
+    def finish(self, ctx, model, local_flat: np.ndarray, metrics: dict) -> np.ndarray:
+        metrics["delta_r"] = delta_r(ctx.derived.rates_before, self.reported_rates(ctx, model, "after"))
         return local_flat
 
-    def reported_rates(self, model, when: str) -> np.ndarray:
-        seed = int(self.round_config["seed"])
-        d = self.data
+    def reported_rates(self, ctx, model, when: str) -> np.ndarray:
+        seed = ctx.seed
+        d = ctx.data
         # The same encoding seed before and after training: ΔR reflects the weights only.
         rates = class_firing_rates(model, d.x, d.y, d.num_classes, self.cfg["data"], seed_for(seed, "rates"),
                                    self.cfg["algorithm"]["rate_layers"])
@@ -106,7 +106,7 @@ class SFedCAClient(Client):
         sigma = algo.get("rate_noise", 0.0)
         if sigma:
             rates = np.clip(rates, 0.0, algo.get("rate_clip", 1.0))
-            rates = rates + self.noise("rate_noise", when == "after").normal(sigma, rates.shape)
+            rates = rates + self.noise(ctx, "rate_noise", when == "after").normal(sigma, rates.shape)
         return rates
 
 

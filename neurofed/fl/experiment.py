@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from neurofed.algorithms import get_algorithm_class
-from neurofed.algorithms.base import ClientData, FitResult, ServerContext, screen_update
+from neurofed.algorithms.base import ClientData, FitContext, FitResult, ServerContext, screen_update
 from neurofed.algorithms.policies import survivors
 from neurofed.config import ConfigError
 from neurofed.data import load_dataset
@@ -202,8 +202,8 @@ class Experiment:
             clients.set_postfix(client=cid)
             state = self.client_states.setdefault(cid, {}) if self.algorithm.needs_client_state else {}
             try:
-                params, n, metrics = self.client.fit(self.server.message_for(cid, config), config,
-                                                     self.client_data(cid), state)
+                params, n, metrics = self.client.fit(FitContext(self.server.message_for(cid, config), config,
+                                                                self.client_data(cid), state))
                 flat = screen_update(self.server.spec_for(config), params)
             except Exception as exc:  # a broken client never reaches the global model
                 failed.append({"client": cid, "error": f"{type(exc).__name__}: {exc}"})

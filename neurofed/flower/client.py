@@ -35,7 +35,7 @@ from flwr.common import log
 from flwr.common.constant import ErrorCode
 
 from neurofed.algorithms import get_algorithm_class
-from neurofed.algorithms.base import ClientData
+from neurofed.algorithms.base import ClientData, FitContext
 from neurofed.data.encoding import as_tensor
 from neurofed.training.params import ParamSpec
 from neurofed.fl.experiment import configure_compute, load_partitioned
@@ -192,7 +192,7 @@ def make_client_app(defaults: dict | None = None) -> ClientApp:
             state = load_state(context.state) if keep_state else {}
             params, config = from_arrays(msg.content["arrays"]), from_config(msg.content["config"])
             timer.mark("decode")
-            params, n, metrics = node.client.fit(params, config, data, state)
+            params, n, metrics = node.client.fit(FitContext(params, config, data, state))
             timer.mark("fit")
             if keep_state:
                 save_state(context.state, state)

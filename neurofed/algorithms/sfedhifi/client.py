@@ -26,14 +26,23 @@ class HeteroClient(Client):
         super().__init__(cfg, spec, model_factory)
         self._widths: dict[float, tuple[ParamSpec, torch.nn.Module]] = {}
 
-    def fit(self, params, config, data, state):
-        width = float(config["width"])
+    def fit(self, ctx):
+        params, n, metrics = super().fit(ctx)
+        metrics["width"] = float(ctx.config["width"])
+        return params, n, metrics
+
+    def width_model(self, ctx) -> tuple[ParamSpec, torch.nn.Module]:
+        """The layout and model of the round's width, built on first use and kept."""
+        width = float(ctx.config["width"])
         if width not in self._widths:
             self._widths[width] = self.build_width(width)
-        self.spec, self._model = self._widths[width]
-        params, n, metrics = super().fit(params, config, data, state)
-        metrics["width"] = width
-        return params, n, metrics
+        return self._widths[width]
+
+    def spec_for(self, ctx) -> ParamSpec:
+        return self.width_model(ctx)[0]
+
+    def model(self, ctx=None):
+        return self.width_model(ctx)[1]
 
     def build_width(self, width: float) -> tuple[ParamSpec, torch.nn.Module]:
         from neurofed.models import build_model
@@ -45,16 +54,13 @@ class HeteroClient(Client):
                               self.cfg["federation"]["logit_scale"]).to(model_device(ref))
         return ParamSpec.from_model(ref), ref
 
-    def model(self):
-        return self._model
-
-    def loss(self, model, output, y, x):
+    def loss(self, ctx, model, output, y, x):
         a = self.cfg["algorithm"]
         if a["loss"] == "tet":
             logits = model.readout_per_step(output)  # (N, K, T)
             loss = F.cross_entropy(logits, y[:, None].expand(-1, logits.shape[-1]))  # mean over samples and steps
         else:
-            loss = super().loss(model, output, y, x)
+            loss = super().loss(ctx, model, output, y, x)
         if a["orth_lambda"]:
             from neurofed.models.factorized import orthogonality_penalty
 
