@@ -8,13 +8,17 @@ fixed_pt CPU simulator on rate-coded digits test images:
 * streaming (neurofed): ``netx.hdf5.Network(reset_interval=T, reset_offset=1)``,
   compiled once, samples back to back (:func:`neurofed.deploy.lava_run.simulate`);
 * baseline: a fresh network compiled and started for every sample (the same
-  function called with one sample at a time), on the last few of those samples.
+  function called with one sample at a time), on the last few of those samples;
+* workers (``--workers 1,2``): the streamed samples over that many parallel Lava
+  processes, one shard each (:mod:`neurofed.deploy.lava_shards`): run-only samples/s and
+  its ratio to one worker, the spikes checked equal to the one-process run.
 
 Both give the same spikes (checked per sample). Throughput counts compile, run
 and read-back time, since the baseline pays the compile per sample.
 
     python benchmarks/lava_throughput.py                 # prints, ends with a RESULT line
     python benchmarks/lava_throughput.py --save          # also writes benchmarks/results/lava_throughput.txt
+    python benchmarks/lava_throughput.py --run RUN_DIR --workers 1,2 --baseline-samples 0
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--run", help="a finished digits run directory (trained weights); default: initial weights")
     ap.add_argument("--samples", type=int, default=50, help="samples streamed through one compile (default 50)")
     ap.add_argument("--baseline-samples", type=int, default=4, help="samples with one compile each (default 4)")
+    ap.add_argument("--workers", default="", help="comma-separated worker counts to time, e.g. 1,2 (default: none)")
     ap.add_argument("--save", action="store_true", help="write benchmarks/results/lava_throughput.txt")
     args = ap.parse_args(argv)
 
@@ -50,6 +55,7 @@ def main(argv=None) -> int:
     from neurofed.data import load_dataset
     from neurofed.deploy.export import export_model, load_global_model
     from neurofed.deploy.lava_run import input_spikes, simulate
+    from neurofed.deploy.lava_shards import simulate_shards, usable_cores
     from neurofed.fl.seeds import seed_for
     from neurofed.models import build_model
 
@@ -91,14 +97,27 @@ def main(argv=None) -> int:
             per_sample.append(time.perf_counter() - t0)
             compiles.append(tm["compile_s"])
             same &= bool(np.array_equal(one.checksums[0], stream.checksums[i]))
-        base_rate = len(per_sample) / sum(per_sample)
-        say(f"baseline (compile per sample): {len(per_sample)} samples in {sum(per_sample):.2f} s "
-            f"({base_rate:.2f} samples/s; compile {np.mean(compiles):.2f} s/sample)")
-        say(f"streamed and single-sample runs give identical spikes: {same}")
+        base_rate = len(per_sample) / sum(per_sample) if per_sample else float("nan")
+        if per_sample:
+            say(f"baseline (compile per sample): {len(per_sample)} samples in {sum(per_sample):.2f} s "
+                f"({base_rate:.2f} samples/s; compile {np.mean(compiles):.2f} s/sample)")
+            say(f"streamed and single-sample runs give identical spikes: {same}")
+        rates = {}
+        for w in [int(x) for x in args.workers.split(",") if x]:
+            sharded, tm = simulate_shards(path, spikes[:args.samples], 0, workers=w, progress=False)
+            rates[w] = tm["samples_per_s"]
+            same = np.array_equal(sharded.checksums, stream.checksums[:args.samples])
+            say(f"workers={w}: {args.samples} samples, run {tm['run_s']:.2f} s, {rates[w]:.2f} samples/s, "
+                f"compile {tm['compile_s']:.2f} s (slowest worker), spikes identical to one process: {same}"
+                + (f", {rates[w] / rates[1]:.2f}x one worker" if 1 in rates else ""))
+        if rates:
+            say(f"# {usable_cores()} usable core(s); the CPU may be shared with other jobs: check the load")
 
     ratio = stream_rate / base_rate
     say(f"RESULT name=lava_throughput samples_per_s={stream_rate:.3f} run_samples_per_s={timing['samples_per_s']:.3f} "
-        f"compile_s={timing['compile_s']:.3f} baseline_samples_per_s={base_rate:.3f} ratio={ratio:.2f}")
+        f"compile_s={timing['compile_s']:.3f} baseline_samples_per_s={base_rate:.3f} ratio={ratio:.2f}"
+        + "".join(f" workers{w}_samples_per_s={r:.3f}" for w, r in rates.items())
+        + (f" workers_ratio={rates[max(rates)] / rates[1]:.2f}" if 1 in rates and len(rates) > 1 else ""))
     if args.save:
         report.save("lava_throughput")
     return 0

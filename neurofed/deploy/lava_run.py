@@ -36,6 +36,7 @@ import torch
 from neurofed.deploy import DeployError
 from neurofed.deploy.export import (NET_FILE, check_net_digest, digest_file, export_run, load_global_model,
                                    read_net)
+from neurofed.deploy.lava_shards import check_workers, simulate_shards, usable_cores
 from neurofed.fl.seeds import describe_measured, measured_on, seed_for
 
 BACKENDS = ("fixed_pt", "loihi2")
@@ -142,8 +143,8 @@ def torch_reference(model, spikes: np.ndarray, seed: int, batch_size: int = 256)
     for start in range(0, len(spikes), batch_size):
         x = torch.from_numpy(spikes[start:start + batch_size]).float()
         c, s = [], []
-        for i, (layer, block) in enumerate(zip(model.layers, model.blocks)):
-            x = block(x)
+        for i, layer in enumerate(model.layers):
+            x = model.run_block(i, x)  # a residual join also takes its block's input
             if layer.has_neurons:
                 j = len(c)
                 y = (x.reshape(len(x), -1, t)[..., j + 1:] != 0).double()
@@ -191,8 +192,9 @@ def _connect(src, dst, backend: str, to_chip: bool) -> None:
 
 
 def simulate(net_path: str | Path, spikes: np.ndarray, seed: int, backend: str = "fixed_pt",
-             progress: bool = True, chunk: int = 10) -> tuple[SpikeStats, dict]:
-    """Stream ``spikes`` (N, C, H, W, T) through the netx network in one compiled run.
+             progress=True, chunk: int = 10) -> tuple[SpikeStats, dict]:
+    """Stream ``spikes`` (N, C, H, W, T) through the netx network in one compiled run
+    (``progress``: a bar, or a callable given the samples done after each chunk).
 
     Returns Lava's spike statistics and timings: ``compile_s`` (compile and start
     of the process models), ``run_s`` (all samples), ``readout_s`` (reading the
@@ -231,22 +233,23 @@ def _stream(net, spikes, seed, backend, run_cfg, progress, chunk):
             _connect(layer.out, counter.s_in, backend, to_chip=False)
             counters.append(counter)
 
-        bar = None
+        bar, tick = None, progress if callable(progress) else None
         try:
             t0 = time.perf_counter()
             net.create_runtime(run_cfg=run_cfg)  # compile, then start the process models
             t1 = time.perf_counter()
-            if progress:
+            if progress is True:
                 from tqdm.auto import tqdm
 
                 bar = tqdm(total=n, desc=f"lava {backend}", unit="sample", dynamic_ncols=True)
+                tick = bar.update
             done = 0
             while done < n:
                 step = min(chunk, n - done)
                 net.run(condition=RunSteps(num_steps=step * t), run_cfg=run_cfg)
                 done += step
-                if bar is not None:
-                    bar.update(step)
+                if tick is not None:
+                    tick(step)
             t2 = time.perf_counter()
             stats = [np.asarray(c.stats.get()).reshape(n, -1) for c in counters]
             totals = [to_torch_order(np.asarray(c.totals.get()).reshape(c.totals.shape)) for c in counters]
@@ -283,9 +286,10 @@ def compare(lava_stats: SpikeStats, torch_stats: SpikeStats, labels: np.ndarray)
 
 
 def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt", progress: bool = True,
-             quiet: bool = False, model_round: str | int = "last") -> dict:
+             quiet: bool = False, model_round: str | int = "last", workers: int | None = None) -> dict:
     """Run ``samples`` test samples of ``run_dir``'s global model of ``model_round`` (best,
-    last or a kept round's number) on Lava; write ``lava.json``.
+    last or a kept round's number) on Lava, in ``workers`` processes (default: the usable
+    cores; :mod:`neurofed.deploy.lava_shards`); write ``lava.json``.
 
     Exports ``model.net`` first when the run has none, or one of another round.
     Returns the result dict.
@@ -293,7 +297,8 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     run_dir = Path(run_dir)
     if not isinstance(samples, int) or samples < 1:
         raise DeployError(f"--samples: got {samples!r}; expected a positive integer")
-    run_config(backend)  # fail before any work when the backend is unavailable
+    run_config(backend)  # fail before any work when the backend or the worker count is unusable
+    workers = check_workers(workers, backend)
     model, cfg, ds, rnd = load_global_model(run_dir, model_round=model_round)
     check_encoding(cfg["data"])
     net_path = run_dir / NET_FILE
@@ -309,7 +314,7 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     t0 = time.perf_counter()
     torch_stats = torch_reference(model, spikes, seed)
     torch_s = time.perf_counter() - t0
-    lava_stats, timing = simulate(net_path, spikes, seed, backend, progress=progress and not quiet)
+    lava_stats, timing = simulate_shards(net_path, spikes, seed, backend, workers, progress=progress and not quiet)
 
     neurons = np.array(model.neurons_per_layer, dtype=np.float64)
     t = spikes.shape[-1]
@@ -334,7 +339,7 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
         **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in timing.items()},
         "torch_s": round(torch_s, 4),
         **notes,
-        "machine": f"{platform.machine()}, {_cpus()} CPU(s), Python {platform.python_version()}",
+        "machine": f"{platform.machine()}, {usable_cores()} CPU(s), Python {platform.python_version()}",
     }
     if samples > n:
         result["note"] = f"asked for {samples} samples; the test set has {n}"
@@ -366,12 +371,6 @@ def raster_shares(r: dict) -> str:
 def summary_line(r: dict) -> str:
     return (f"lava {r['backend']}: {agreement_head(r)}, spike-for-spike {'yes' if r['spike_for_spike'] else 'NO'} "
             f"({raster_shares(r)}); compile {r['compile_s']:.2f} s, {r['samples_per_s']:.1f} samples/s")
-
-
-def _cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def plot_lava(result: dict, path: Path) -> Path:

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from neurofed.deploy import DeployError
-from neurofed.deploy.lava_run import (SpikeStats, _cpus, agreement_head, input_spikes, layer_seeds, predict,
+from neurofed.deploy.lava_run import (SpikeStats, usable_cores, agreement_head, input_spikes, layer_seeds, predict,
                                       raster_shares, torch_reference)
 from neurofed.deploy.nir_export import NIR_FILE, export_nir_run, graph_meta, node_names, read_nir, synaptic_ops
 from neurofed.fl.seeds import measured_on, seed_for
@@ -354,7 +354,7 @@ def run_nir(run_dir: str | Path, samples: int = 200, sim: str = "snntorch", prog
         "samples_per_s": round(n / run_s, 3) if run_s > 0 else None,
         "torch_s": round(torch_s, 4),
         **notes,
-        "machine": f"{_cpus()} CPU(s)",
+        "machine": f"{usable_cores()} CPU(s)",
     }
     if samples > n:
         result["note"] = f"asked for {samples} samples; the test set has {n}"
