@@ -26,6 +26,7 @@ from neurofed.config import shown
 from neurofed.fl.params import ParamSpec
 from neurofed.fl.seeds import seed_for
 from neurofed.fl.train import label_counts, make_optimizer, train_local
+from neurofed.models import quantize as quantization
 
 
 @dataclass
@@ -72,7 +73,7 @@ class Client:
     # -- the message interface ------------------------------------------------------
     def fit(self, params: dict[str, np.ndarray], config: dict, data: ClientData, state: dict):
         global_flat = self.spec.pack(params)
-        model = self.model()
+        model = quantization.for_round(self.model(), int(config["round"]))  # model.quantize: R
         self.spec.set(model, global_flat)
         self.global_flat = global_flat
         self.message = params  # the whole download, incl. arrays beyond the model's (Server.message)

@@ -41,6 +41,7 @@ from neurofed.logs import RUN_LOG, close_run_log, open_run_log
 from neurofed.stamp import environment
 from neurofed.tracking import TensorBoardLog
 from neurofed.models import build_model, build_run_model
+from neurofed.models.quantize import for_round
 from neurofed.models.init import initialize
 from neurofed.runfiles import (CHECKPOINT, LEGACY_CHECKPOINT, MODEL_BEST, MODEL_LAST, append_metrics, check_out_dir,
                                legacy_checkpoint_error, load_state, read_metrics, run_outputs_in, save_state)
@@ -137,6 +138,7 @@ class Experiment:
         self.server.client_sizes = self.counts.sum(1)  # n_k: FedMoS samples clients by data share
         self.client = self.algorithm.Client(cfg, self.spec, self.new_train_model)
         self.client_states: dict[int, dict] = {}
+        self.round: int | None = None  # the round being run (set by run_round)
 
     def new_model(self) -> torch.nn.Module:
         return build_run_model(self.cfg, self.dataset)
@@ -176,6 +178,7 @@ class Experiment:
 
     # ------------------------------------------------------------------ one round
     def run_round(self, rnd: int) -> dict:
+        self.round = rnd  # the evaluation's weights follow it (model.quantize: R)
         t0 = time.perf_counter()
         tr = self.train_round(rnd)
         results = tr.results
@@ -214,14 +217,14 @@ class Experiment:
         seed = seed_for(self.cfg["seed"], "eval")
         several = getattr(self.server, "global_models", None)
         if several is None:
-            model = self.device_model(self.cfg["model"])
+            model = for_round(self.device_model(self.cfg["model"]), self.round)
             self.spec.set(model, self.server.params)
             if model is not self.eval_model:
                 self.spec.set(self.eval_model, self.server.params)  # the CPU copy stays current
             return evaluate(model, self.x_test, self.y_test, self.cfg, seed)
         per = {}
         for label, (model_cfg, flat) in several().items():
-            model = self.device_model(model_cfg)
+            model = for_round(self.device_model(model_cfg), self.round)
             ParamSpec.from_model(model).set(model, flat)
             per[label] = evaluate(model, self.x_test, self.y_test, self.cfg, seed)
         ev = {k: float(np.mean([e[k] for e in per.values()])) for k in ("accuracy", "loss", "firing_rate")
