@@ -19,6 +19,8 @@ and read-back time, since the baseline pays the compile per sample.
     python benchmarks/lava_throughput.py                 # prints, ends with a RESULT line
     python benchmarks/lava_throughput.py --save          # also writes benchmarks/results/lava_throughput.txt
     python benchmarks/lava_throughput.py --run RUN_DIR --workers 1,2 --baseline-samples 0
+    python benchmarks/lava_throughput.py --preset examples/papers/fedsnn_cifar10_iid.yaml --set model.readout=spikes \
+        --samples 4 --baseline-samples 0 --workers 1,2   # a paper's network, seeded weights, its stand-in's images
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from common import Report, machine_header  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", help="a finished digits run directory (trained weights); default: initial weights")
+    ap.add_argument("--preset", help="a preset's network instead (seeded initial weights, its data's stand-in)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override of --preset")
     ap.add_argument("--samples", type=int, default=50, help="samples streamed through one compile (default 50)")
     ap.add_argument("--baseline-samples", type=int, default=4, help="samples with one compile each (default 4)")
     ap.add_argument("--workers", default="", help="comma-separated worker counts to time, e.g. 1,2 (default: none)")
@@ -67,11 +71,23 @@ def main(argv=None) -> int:
         model, cfg, ds, rnd = load_global_model(args.run)
         weights = f"trained run {args.run} (round {rnd})"
     else:
-        cfg = load_config(ROOT / "examples" / "digits_fedavg.yaml")
+        if args.preset:
+            from neurofed.data.standins import standin_name
+
+            name = load_config(args.preset, ["data.root=/nonexistent"])["data"]["name"]
+            cfg = load_config(args.preset, [f"data.name={standin_name(name)}", *args.set])
+        else:
+            cfg = load_config(ROOT / "examples" / "digits_fedavg.yaml")
         ds = load_dataset(cfg["data"], cfg["seed"])
         torch.manual_seed(seed_for(cfg["seed"], "init"))
         model = build_model(cfg["model"], ds.input_shape, ds.num_classes, cfg["federation"]["logit_scale"]).eval()
         weights = "initial weights (seeded)"
+        if cfg["model"]["init"] == "firing":  # the preset's own start: every layer firing in init_rates
+            from neurofed.data.encoding import as_tensor
+            from neurofed.models.init import initialize
+
+            initialize(model, cfg, as_tensor(ds.x_train))
+            weights += ", model.init: firing"
     n = args.samples + args.baseline_samples
     spikes, _ = input_spikes(ds.x_test[:n], cfg["data"], seed_for(cfg["seed"], "lava"))
     t = spikes.shape[-1]

@@ -80,3 +80,12 @@ def test_hardware_use_counts_the_shortcut_synapses():
     assert join.neurons == 64 and join.fan_in == 36 + 3 and join.synapses == 64 * 39
     assert use["layers"][2].fan_in == 27 + 1  # identity shortcut: one synapse per neuron
     assert use["cores"] == 7 and use["chips"] == 1
+
+
+def test_the_graph_runs_over_parallel_workers_too():
+    from neurofed.deploy.lava_shards import simulate_shards
+
+    model, spikes = tiny_residual(), random_spikes(2, data_cfg=T)
+    two, timing = simulate_shards(model, spikes, 5, workers=2, progress=False, simulate=simulate_graph)
+    assert timing["workers"] == 2
+    np.testing.assert_array_equal(two.checksums, torch_reference(model, spikes, 5).checksums)

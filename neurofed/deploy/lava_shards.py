@@ -61,26 +61,29 @@ def _worker(index: int, queue, simulate, args: tuple, kwargs: dict) -> None:
         queue.put(("error", index, f"{type(exc).__name__}: {exc}"))
 
 
-def simulate_shards(net_path, spikes: np.ndarray, seed: int, backend: str = "fixed_pt", workers: int | None = None,
-                    progress: bool = True, **kwargs):
-    """:func:`neurofed.deploy.lava_run.simulate` over ``workers`` shards of ``spikes`` in
-    parallel: the same (SpikeStats, timing) as one process, timing with ``workers`` added.
+def simulate_shards(net, spikes: np.ndarray, seed: int, backend: str = "fixed_pt", workers: int | None = None,
+                    progress: bool = True, simulate=None, **kwargs):
+    """``simulate(net, spikes, seed, backend, ...)`` (default :func:`neurofed.deploy.lava_run.simulate`
+    of a netx file; :func:`neurofed.deploy.lava_graph.simulate_graph` takes a model) over
+    ``workers`` shards of ``spikes`` in parallel: the same (SpikeStats, timing) as one
+    process, timing with ``workers`` added.
 
     ``compile_s`` and ``readout_s`` are the slowest worker's; ``run_s`` spans the first
     worker's first step to the last one's last, so ``samples_per_s`` is the parallel run's.
     """
-    from neurofed.deploy.lava_run import simulate
+    if simulate is None:
+        from neurofed.deploy.lava_run import simulate
 
     n = len(spikes)
     workers = min(check_workers(workers, backend), n)
     if workers == 1:
-        stats, timing = simulate(net_path, spikes, seed, backend, progress=progress, **kwargs)
+        stats, timing = simulate(net, spikes, seed, backend, progress=progress, **kwargs)
         return stats, {**timing, "workers": 1}
     shards = np.array_split(np.arange(n), workers)
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_worker, name=f"neurofed-lava-{i}",
-                         args=(i, queue, simulate, (net_path, spikes[idx], seed, backend), kwargs))
+                         args=(i, queue, simulate, (net, spikes[idx], seed, backend), kwargs))
              for i, idx in enumerate(shards)]
     bar = None
     if progress:
