@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=50, help="samples streamed through one compile (default 50)")
     ap.add_argument("--baseline-samples", type=int, default=4, help="samples with one compile each (default 4)")
     ap.add_argument("--workers", default="", help="comma-separated worker counts to time, e.g. 1,2 (default: none)")
-    ap.add_argument("--save", action="store_true", help="write benchmarks/results/lava_throughput.txt")
+    ap.add_argument("--save", action="store_true", help="write benchmarks/results/lava_throughput[_PRESET][_workers].txt")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -134,8 +134,9 @@ def main(argv=None) -> int:
         f"compile_s={timing['compile_s']:.3f} baseline_samples_per_s={base_rate:.3f} ratio={ratio:.2f}"
         + "".join(f" workers{w}_samples_per_s={r:.3f}" for w, r in rates.items())
         + (f" workers_ratio={rates[max(rates)] / rates[1]:.2f}" if 1 in rates and len(rates) > 1 else ""))
-    if args.save:
-        report.save("lava_throughput")
+    if args.save:  # the worker and preset runs beside the streaming-vs-compile record, not over it
+        report.save("lava_throughput" + (f"_{Path(args.preset).stem}" if args.preset else "")
+                    + ("_workers" if args.workers else ""))
     return 0
 
 
