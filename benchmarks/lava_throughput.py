@@ -96,8 +96,9 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.net"
-        with redirect_stdout(io.StringIO()):
-            export_model(model, path)
+        with redirect_stdout(io.StringIO()):  # the simulator runs what a chip might not hold: say so, go on
+            hw = export_model(model, path, check=not args.preset)
+        say(f"hardware check (loihi2): {hw.cores} cores" + "".join(f"; refused on a chip: {v}" for v in hw.violations))
         stream, timing = simulate(path, spikes, 0, progress=False)
         total = timing["compile_s"] + timing["run_s"] + timing["readout_s"]
         stream_rate = n / total
