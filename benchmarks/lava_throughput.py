@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import sys
 import tempfile
 import time
@@ -39,6 +40,14 @@ for p in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(p))
 
 from common import Report, machine_header  # noqa: E402
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (Lava's, the workers') so far."""
+    import resource
+
+    return sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF,
+                                                                         resource.RUSAGE_CHILDREN)))
 
 
 def main(argv=None) -> int:
@@ -121,12 +130,15 @@ def main(argv=None) -> int:
             say(f"streamed and single-sample runs give identical spikes: {same}")
         rates = {}
         for w in [int(x) for x in args.workers.split(",") if x]:
+            cpu0, t0 = _cpu_s(), time.perf_counter()
             sharded, tm = simulate_shards(path, spikes[:args.samples], 0, workers=w, progress=False)
+            busy = (_cpu_s() - cpu0) / (time.perf_counter() - t0)  # < w: the workers waited for a core
             rates[w] = tm["samples_per_s"]
             same = np.array_equal(sharded.checksums, stream.checksums[:args.samples])
             say(f"workers={w}: {args.samples} samples, run {tm['run_s']:.2f} s, {rates[w]:.2f} samples/s, "
-                f"compile {tm['compile_s']:.2f} s (slowest worker), spikes identical to one process: {same}"
-                + (f", {rates[w] / rates[1]:.2f}x one worker" if 1 in rates else ""))
+                f"compile {tm['compile_s']:.2f} s (slowest worker), {busy:.2f} cores busy, spikes identical to "
+                f"one process: {same}" + (f", {rates[w] / rates[1]:.2f}x one worker" if 1 in rates else ""))
+        say(f"# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         if rates:
             say(f"# {usable_cores()} usable core(s); the CPU may be shared with other jobs: check the load")
 
