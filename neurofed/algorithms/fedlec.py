@@ -40,6 +40,7 @@ from neurofed.algorithms.base import Client, FitResult, Server
 from neurofed.algorithms.fedavg import FedAvg
 from neurofed.config import choice, number
 from neurofed.fl.params import ParamSpec
+from neurofed.models import quantize as quantization
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +249,7 @@ class FedLECClient(Client):
             self._teacher = self.model_factory()
             for p in self._teacher.parameters():
                 p.requires_grad_(False)
-        return self._teacher
+        return quantization.for_round(self._teacher, int(self.round_config["round"]))  # as the student's
 
     def begin(self, model) -> None:
         super().begin(model)
