@@ -125,7 +125,7 @@ def test_a_run_trained_as_the_papers_ends_with_its_lava_check(tmp_path, tiny_cfg
     weights (the presets' settings) exports and runs on Lava, spike for spike."""
     import json
 
-    from neurofed.fl.runner import run
+    from neurofed.pipeline import run
 
     out = tmp_path / "run"
     cfg = tiny_cfg(export=True, **{"lava.samples": 4, "data.encoding": "direct", "model.delay_shift": False,

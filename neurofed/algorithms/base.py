@@ -29,6 +29,7 @@ from neurofed.algorithms.policies import round_lr, update_noise
 from neurofed.seeds import seed_for
 from neurofed.data.partition import label_counts
 from neurofed.training.local import make_optimizer, train_local
+from neurofed.models import quantize as quantization
 
 
 @dataclass
@@ -148,7 +149,7 @@ class Client:
         data, config = ctx.data, ctx.config
         ctx.spec = self.spec_for(ctx)
         ctx.global_flat = ctx.spec.pack(ctx.params)
-        model = self.model(ctx)
+        model = quantization.for_round(self.model(ctx), ctx.round)  # model.quantize: R
         ctx.spec.set(model, ctx.global_flat)
         self.begin(ctx, model)
         if len(data.y) == 0:

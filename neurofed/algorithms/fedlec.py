@@ -40,6 +40,7 @@ from neurofed.algorithms.base import Client, FitResult, Server
 from neurofed.algorithms.fedavg import FedAvg
 from neurofed.config import choice, number
 from neurofed.training.params import ParamSpec
+from neurofed.models import quantize as quantization
 
 log = logging.getLogger(__name__)
 
@@ -242,12 +243,12 @@ class FedLECClient(Client):
     the readout every algorithm here trains.
     """
 
-    def teacher(self) -> torch.nn.Module:
+    def teacher(self, ctx) -> torch.nn.Module:
         if getattr(self, "_teacher", None) is None:
             self._teacher = self.model_factory()
             for p in self._teacher.parameters():
                 p.requires_grad_(False)
-        return self._teacher
+        return quantization.for_round(self._teacher, ctx.round)  # as the student's
 
     def begin(self, ctx, model) -> None:
         super().begin(ctx, model)
@@ -257,7 +258,7 @@ class FedLECClient(Client):
         r.missing = counts == 0
         r.distill = bool(r.missing.any()) and float(alg["lambda"]) > 0
         if r.distill:
-            teacher = self.teacher()
+            teacher = self.teacher(ctx)
             ctx.spec.set(teacher, ctx.global_flat)
             teacher.eval()
 
@@ -268,7 +269,7 @@ class FedLECClient(Client):
         loss = (1.0 - lam) * lc(logits, y, r.prior)
         if r.distill:
             with torch.no_grad():
-                teacher = self.teacher()
+                teacher = self.teacher(ctx)
                 teacher_logits = teacher.readout(teacher(x))
             loss = loss + lam * ld(logits, teacher_logits, r.missing, float(alg["temperature"]))
         return loss

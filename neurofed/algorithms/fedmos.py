@@ -41,6 +41,7 @@ from neurofed.algorithms.base import Algorithm, Client, Server
 from neurofed.config import number
 from neurofed.device import model_device
 from neurofed.seeds import rng_for
+from neurofed.models import quantize as quantization
 
 
 def adaptive_selection(p: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
@@ -124,7 +125,7 @@ class FedMoSClient(Client):
         """∇f(x_{t−1}; ξ_t) on the same encoded minibatch, in a second model."""
         if self._prev_model is None:
             self._prev_model = self.model_factory()
-        prev = self._prev_model
+        prev = quantization.for_round(self._prev_model, ctx.round)  # as the model's
         prev.train(model.training)
         ctx.spec.set(prev, ctx.derived.prev_flat)
         prev.zero_grad(set_to_none=True)

@@ -35,7 +35,8 @@ def cmd_nir(args) -> int:
 def cmd_lava(args) -> int:
     from neurofed.deploy.lava_run import run_lava
 
-    run_lava(args.run_dir, samples=args.samples, backend=args.backend, quiet=args.quiet, model_round=args.round)
+    run_lava(args.run_dir, samples=args.samples, backend=args.backend, quiet=args.quiet, model_round=args.round,
+             workers=args.workers)
     return 0
 
 
@@ -57,6 +58,9 @@ def add_commands(sub) -> None:
     p.add_argument("--samples", type=int, default=200, help="test samples to run (default 200)")
     p.add_argument("--backend", default="fixed_pt", choices=("fixed_pt", "loihi2"),
                    help="fixed_pt: bit-accurate CPU simulator (default); loihi2: Loihi 2 chip (needs lava-loihi)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="parallel Lava processes over shards of the samples, same result as one (default: the "
+                        "usable cores; loihi2 runs one)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     round_arg(p)
     p.set_defaults(func=cmd_lava)

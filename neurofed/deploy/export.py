@@ -130,7 +130,9 @@ def fresh_copy(model: torch.nn.Module) -> torch.nn.Module:
     model_cfg = getattr(model, "model_cfg", None)
     if model_cfg is None:
         raise DeployError(f"{type(model).__name__} has no model_cfg; build it with neurofed.models.build_model")
-    copy = type(model)(model.layers, {**model_cfg, "quantize": True}, logit_scale=getattr(model, "logit_scale", 1.0))
+    quantize = model_cfg.get("quantize") or True  # a QAT model keeps its grid (neurofed.models.quantize)
+    copy = type(model)(model.layers, {**model_cfg, "quantize": quantize},
+                       logit_scale=getattr(model, "logit_scale", 1.0))
     copy.load_state_dict(model.state_dict())
     return copy.eval()
 

@@ -38,6 +38,7 @@ from neurofed.deploy.export import (NET_FILE, check_net_digest, digest_file, exp
                                    load_global_model, read_net)
 from neurofed.deploy.lava_plan import (MESSAGE_BITS, LavaPlan, check_encoding, input_spikes, layer_seeds, plan_for,  # noqa: F401
                                        to_lava_layout, to_torch_order, torch_reference, unlagged_plan)
+from neurofed.deploy.lava_shards import check_workers, simulate_shards, usable_cores
 from neurofed.seeds import describe_measured, measured_on, seed_for
 
 BACKENDS = ("fixed_pt", "loihi2")
@@ -98,8 +99,9 @@ def _connect(src, dst, backend: str, to_chip: bool) -> None:
 
 
 def simulate(net_path: str | Path, spikes: np.ndarray, seed: int, backend: str = "fixed_pt",
-             progress: bool = True, chunk: int = 10, plan: LavaPlan | None = None) -> tuple[SpikeStats, dict]:
-    """Stream ``spikes`` (N, C, H, W, T) through the netx network in one compiled run.
+             progress=True, chunk: int = 10, plan: LavaPlan | None = None) -> tuple[SpikeStats, dict]:
+    """Stream ``spikes`` (N, C, H, W, T) through the netx network in one compiled run
+    (``progress``: a bar, or a callable given the samples done after each chunk).
 
     ``plan`` (lags, graded input, voltage readout; :mod:`neurofed.deploy.lava_plan`) is the one
     recorded in the file at export unless given. Returns Lava's spike statistics and timings:
@@ -154,23 +156,24 @@ def _stream(net, spikes, seed, backend, run_cfg, progress, chunk, plan):
             reader = VoltageReader(shape=tuple(layers[-1].neuron.v.shape), window=w, phase=plan.read_phase, samples=n)
             reader.ref.connect_var(layers[-1].neuron.v)
 
-        bar = None
+        bar, tick = None, progress if callable(progress) else None
         try:
             t0 = time.perf_counter()
             net.create_runtime(run_cfg=run_cfg)  # compile, then start the process models
             t1 = time.perf_counter()
-            if progress:
+            if progress is True:
                 from tqdm.auto import tqdm
 
                 bar = tqdm(total=n, desc=f"lava {backend}", unit="sample",
                            dynamic_ncols=True, disable=None)  # None: a terminal only
+                tick = bar.update
             done = 0
             while done < n:
                 step = min(chunk, n - done)
                 net.run(condition=RunSteps(num_steps=step * w), run_cfg=run_cfg)
                 done += step
-                if bar is not None:
-                    bar.update(step)
+                if tick is not None:
+                    tick(step)
             t2 = time.perf_counter()
             stats = [np.asarray(c.stats.get()).reshape(n, -1) for c in counters]
             totals = [to_torch_order(np.asarray(c.totals.get()).reshape(c.totals.shape)) for c in counters]
@@ -208,9 +211,10 @@ def compare(lava_stats: SpikeStats, torch_stats: SpikeStats, labels: np.ndarray)
 
 
 def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt", progress: bool = True,
-             quiet: bool = False, model_round: str | int = "last") -> dict:
+             quiet: bool = False, model_round: str | int = "last", workers: int | None = None) -> dict:
     """Run ``samples`` test samples of ``run_dir``'s global model of ``model_round`` (best,
-    last or a kept round's number) on Lava; write ``lava.json``.
+    last or a kept round's number) on Lava, in ``workers`` processes (default: the usable
+    cores; :mod:`neurofed.deploy.lava_shards`); write ``lava.json``.
 
     Exports ``model.net`` first when the run has none, or one of another round.
     Returns the result dict.
@@ -218,7 +222,8 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     run_dir = Path(run_dir)
     if not isinstance(samples, int) or samples < 1:
         raise DeployError(f"--samples: got {samples!r}; expected a positive integer")
-    run_config(backend)  # fail before any work when the backend is unavailable
+    run_config(backend)  # fail before any work when the backend or the worker count is unusable
+    workers = check_workers(workers, backend)
     model, cfg, ds, rnd = load_global_model(run_dir, model_round=model_round)
     check_encoding(cfg["data"])
     plan = plan_for(model, cfg["data"]["timesteps"], cfg["data"]["encoding"])
@@ -240,7 +245,8 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     trained = trained_predictions(model, ds.x_test[:n] if plan.input_bits is not None else spikes, cfg["data"])
     notes.update(trained_accuracy=float(np.mean(trained == labels)),
                  trained_agreement=float(np.mean(trained == torch_stats.predictions)))
-    lava_stats, timing = simulate(net_path, spikes, seed, backend, progress=progress and not quiet, plan=plan)
+    lava_stats, timing = simulate_shards(net_path, spikes, seed, backend, workers, progress=progress and not quiet,
+                                         plan=plan)
 
     neurons = np.array(model.neurons_per_layer, dtype=np.float64)
     t = spikes.shape[-1]
@@ -267,7 +273,7 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
         **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in timing.items()},
         "torch_s": round(torch_s, 4),
         **notes,
-        "machine": f"{platform.machine()}, {_cpus()} CPU(s), Python {platform.python_version()}",
+        "machine": f"{platform.machine()}, {usable_cores()} CPU(s), Python {platform.python_version()}",
     }
     if samples > n:
         result["note"] = f"asked for {samples} samples; the test set has {n}"
@@ -313,12 +319,6 @@ def summary_line(r: dict) -> str:
             + (f"; the model as trained (before 8-bit export{', on the unrounded image' if r.get('input_bits') else ''}): "
                f"accuracy {r['trained_accuracy']:.4f}, agreement with the exported {r['trained_agreement']:.4f}"
                if "trained_accuracy" in r else ""))
-
-
-def _cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def plot_lava(result: dict, path: Path) -> Path:

@@ -30,8 +30,10 @@ import numpy as np
 import torch
 
 from neurofed.deploy import DeployError
-from neurofed.deploy.lava_run import (SpikeStats, _cpus, agreement_head, input_spikes, layer_seeds, predict,
-                                      raster_shares, torch_reference, unlagged_plan)
+from neurofed.deploy.lava_plan import unlagged_plan
+from neurofed.deploy.lava_run import (SpikeStats, agreement_head, input_spikes, layer_seeds, predict, raster_shares,
+                                      torch_reference)
+from neurofed.deploy.lava_shards import usable_cores
 from neurofed.deploy.nir_export import NIR_FILE, export_nir_run, graph_meta, node_names, read_nir, synaptic_ops
 from neurofed.deploy.nir_simulators import Simulator, _version, get_simulator
 from neurofed.seeds import measured_on, seed_for
@@ -282,7 +284,7 @@ def run_nir(run_dir: str | Path, samples: int = 200, sim: str = "snntorch", prog
         "samples_per_s": round(n / run_s, 3) if run_s > 0 else None,
         "torch_s": round(torch_s, 4),
         **notes,
-        "machine": f"{_cpus()} CPU(s)",
+        "machine": f"{usable_cores()} CPU(s)",
     }
     if samples > n:
         result["note"] = f"asked for {samples} samples; the test set has {n}"

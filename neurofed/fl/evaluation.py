@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from neurofed.models.quantize import for_round
 from neurofed.seeds import seed_for
 from neurofed.training.local import evaluate
 from neurofed.training.params import ParamSpec
@@ -19,14 +20,14 @@ def evaluate_global(exp) -> dict:
     seed = seed_for(exp.cfg["seed"], "eval")
     several = exp.server.global_models()
     if several is None:
-        model = exp.device_model(exp.cfg["model"])
+        model = for_round(exp.device_model(exp.cfg["model"]), exp.round)  # model.quantize: R
         exp.spec.set(model, exp.server.params)
         if model is not exp.eval_model:
             exp.spec.set(exp.eval_model, exp.server.params)  # the CPU copy stays current
         return evaluate(model, exp.x_test, exp.y_test, exp.cfg, seed)
     per = {}
     for label, (model_cfg, flat) in several.items():
-        model = exp.device_model(model_cfg)
+        model = for_round(exp.device_model(model_cfg), exp.round)
         ParamSpec.from_model(model).set(model, flat)
         per[label] = evaluate(model, exp.x_test, exp.y_test, exp.cfg, seed)
     ev = {k: float(np.mean([e[k] for e in per.values()])) for k in ("accuracy", "loss", "firing_rate")

@@ -28,6 +28,7 @@ from neurofed import progress as fl_progress
 from neurofed.fl.evaluation import evaluate_global
 from neurofed.models import build_model, build_run_model
 from neurofed.models.init import initialize
+from neurofed.models.quantize import for_round
 from neurofed.seeds import rng_for, seed_for
 from neurofed.training.params import ParamSpec
 
@@ -103,7 +104,7 @@ class Experiment:
         self.algorithm = get_algorithm_class(cfg["algorithm"]["name"])
         torch.manual_seed(seed_for(cfg["seed"], "init"))
         self.eval_model = self.new_model()  # on the CPU: export and energy read it
-        self.init_report = initialize(self.eval_model, cfg, self.x_train)  # model.init: firing
+        self.init_report = initialize(for_round(self.eval_model, 1), cfg, self.x_train)  # model.init: firing, as round 1 sees it
         self._eval_models: dict[str, torch.nn.Module] = {}  # other global models' (model_for)
         self._device_models: dict[str, torch.nn.Module] = {}  # their twins on self.device
         self.spec = ParamSpec.from_model(self.eval_model)
@@ -112,6 +113,7 @@ class Experiment:
             num_clients=len(self.parts), client_sizes=self.counts.sum(1), dataset=ds))
         self.client = self.algorithm.Client(cfg, self.spec, self.new_train_model)
         self.client_states: dict[int, dict] = {}
+        self.round: int | None = None  # the round being run (set by run_round)
 
     def new_model(self) -> torch.nn.Module:
         return build_run_model(self.cfg, self.dataset)
@@ -142,6 +144,7 @@ class Experiment:
 
     # ------------------------------------------------------------------ one round
     def run_round(self, rnd: int) -> dict:
+        self.round = rnd  # the evaluation's weights follow it (model.quantize: R)
         t0 = time.perf_counter()
         tr = self.train_round(rnd)
         results = tr.results

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from neurofed.config import Section, boolean, choice, number, register_section
 from neurofed.models.init import INIT_MODES
+from neurofed.models.quantize import quantize_value
 from neurofed.models.spec import ZOO, Layer, register_topology, topology
 from neurofed.models import hifi_cnn as _hifi_cnn  # noqa: F401,E402  registers SFedHIFI's CNN (issue 7)
 from neurofed.models import paper_nets as _paper_nets  # noqa: F401,E402  SFedCA's nets, spiking ResNet-18
@@ -58,7 +59,9 @@ MODEL_DEFAULTS: dict = {
     "tau_grad": 0.1,
     "scale_grad": 1.0,
     "weight_norm": False,
-    "quantize": True,  # 8-bit weights as on Loihi (SLAYER's quantize_8bit hook)
+    # true: 8-bit weights as on Loihi (SLAYER's quantize_8bit hook); false: float; R: float, then
+    # quantization-aware training on export's 8-bit grid from round R (neurofed.models.quantize)
+    "quantize": True,
     "dropout": 0.0,
     "delay_shift": True,  # SLAYER's one-step delay per block (Lava's timing); false: the papers' T
     # logits from the output layer's spikes (rate x logit_scale) or its non-spiking accumulated
@@ -93,7 +96,7 @@ register_section(Section("model", MODEL_DEFAULTS, lambda: {
     "model.tau_grad": number(0, lo_open=True),
     "model.scale_grad": number(0, lo_open=True),
     "model.weight_norm": boolean,
-    "model.quantize": boolean,
+    "model.quantize": quantize_value,
     "model.dropout": number(0, 1),
     "model.delay_shift": boolean,
     "model.readout": choice(READOUTS),

@@ -8,6 +8,7 @@ from torch import nn
 from neurofed.compat import slayer as _slayer
 from neurofed.models.factorized import factorized_conv_block
 from neurofed.models.norm import batch_normed
+from neurofed.models.quantize import build_hook
 from neurofed.models.residual import residual_join_block
 from neurofed.models.spec import Layer
 
@@ -37,7 +38,7 @@ def neuron_params(model_cfg: dict) -> dict:
 def _synapse_kwargs(model_cfg: dict) -> dict:
     return {
         "weight_norm": bool(model_cfg.get("weight_norm", False)),
-        "pre_hook_fx": quantize_8bit if model_cfg.get("quantize", True) else None,
+        "pre_hook_fx": build_hook(model_cfg),  # model.quantize: neurofed.models.quantize
         "weight_scale": model_cfg.get("weight_scale", 1),
         # SLAYER's one-step delay per block (as every Lava layer adds one step); off: all layers
         # see step t at step t, the papers' T (a net of L blocks otherwise loses L-1 steps)

@@ -1,0 +1,202 @@
+"""Residual networks on Lava: the process graph built from the model, joins included.
+
+netx's HDF5 reader loads feed-forward chains only (lava-dl 0.6: its ``concat`` is a stub),
+so a model with residual joins (:mod:`neurofed.models.residual`) is wired here from the
+same parts netx uses. Every layer is written to an in-memory HDF5 group exactly as
+``neurofed export`` writes it and made into a netx block by netx's own ``create_conv`` /
+``create_dense`` (the same fixed-point weights, thresholds, decays and reset phases as a
+``model.net`` run). A join is a netx conv block for its 3×3 synapse and neuron; its
+shortcut is a second Lava ``Conv`` synapse (the 1×1 convolution, or the identity as a
+1×1 conv of weight 1.0) whose output is connected into the same neuron's ``a_in``: a Lava
+InPort sums every connection made into it, as the join sums the currents. The shortcut
+reads the block's input through a one-step :class:`~neurofed.deploy.lava_procs.relay.StepDelay`,
+SLAYER's shortcut delay (each Lava synapse adds the other step, as each SLAYER block does).
+
+The result has the interface :func:`neurofed.deploy.lava_run._stream` drives (``layers``,
+``inp``, ``create_runtime``, ``run``, ``stop``), so samples stream and spikes are counted
+per layer exactly as for a netx file.
+
+:func:`hardware_use` sizes the graph on a hardware profile: the constraint check's
+per-layer use (:mod:`neurofed.deploy.constraints`), a join's fan-in and synapses counting
+its shortcut's too.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import h5py
+import numpy as np
+from torch import nn
+
+from neurofed.deploy import DeployError
+
+
+def _netx():
+    from neurofed.compat import lava, netx
+
+    return netx().hdf5.Network, netx().utils.NetDict, lava("lava.proc.conv.process").Conv
+
+
+def _refusal(model) -> str | None:
+    """Why this graph builder cannot map ``model`` (None when it can)."""
+    from neurofed.models.residual import ResidualJoin
+
+    for i, (layer, block) in enumerate(zip(model.layers, model.blocks)):
+        where = f"layer {i} ({layer.kind})"
+        if model.is_voltage_layer(i):
+            return f"{where}: a voltage readout is not a spiking layer; the residual graph counts spikes"
+        if isinstance(block, ResidualJoin):
+            if not (isinstance(block.norm, nn.Identity) and isinstance(block.shortcut_norm, nn.Identity)):
+                return f"{where}: batch norm in a residual join has no Lava form here; train with model.norm: none"
+        elif getattr(block, "export_refusal", None):
+            return f"{where}: {block.export_refusal}"
+    return None
+
+
+def _entry(root: h5py.Group, index: int, layer, block) -> h5py.Group:
+    """Layer ``index`` as ``neurofed export`` writes it (a join: its 3×3 synapse and neuron)."""
+    from neurofed.compat import slayer
+    from neurofed.deploy.export import _write_pool
+    from neurofed.models.residual import ResidualJoin
+
+    group = root.create_group(str(index))
+    if layer.kind == "pool":
+        _write_pool(block, group, layer)
+    elif isinstance(block, ResidualJoin):
+        conv = SimpleNamespace(synapse=block.synapse, neuron=block.neuron, delay=None)
+        slayer().block.base.AbstractConv.export_hdf5(conv, group)
+    else:
+        block.export_hdf5(group)
+    return group
+
+
+def shortcut_weight(block, in_channels: int) -> np.ndarray:
+    """The join's shortcut as Lava conv weights (out, kx, ky, in): the 1×1 conv's integer
+    weights, or the identity's 1.0 (64 in SLAYER's integer units)."""
+    if block.shortcut is None:
+        return (64 * np.eye(in_channels, dtype=np.int64)).reshape(in_channels, 1, 1, in_channels)
+    from neurofed.deploy.constraints import integer_weight
+
+    w = integer_weight(block.shortcut).cpu().numpy()  # (out, in, 1, 1, 1)
+    return w.reshape(w.shape[:4])[:, :, ::-1, ::-1].transpose(0, 3, 2, 1)  # as netx's create_conv
+
+
+class ResidualLavaNet:
+    """The Lava processes of one residual model, in the shape ``_stream`` expects."""
+
+    def __init__(self, layers: list, inp, shortcuts: list):
+        self.layers, self.inp, self.shortcuts = layers, inp, shortcuts
+
+    def create_runtime(self, **kwargs):
+        return self.layers[0].create_runtime(**kwargs)
+
+    def run(self, **kwargs):
+        return self.layers[0].run(**kwargs)
+
+    def stop(self):
+        return self.layers[0].stop()
+
+
+def build_graph(model, timesteps: int, reset_offset: int = 1) -> ResidualLavaNet:
+    """The Lava process graph of ``model`` (a SpikingNet; residual joins allowed), its
+    neurons reset every ``timesteps`` steps at netx's phases (``hdf5.Network(reset_interval,
+    reset_offset)``: layer j at step ``reset_offset + 1 + j`` of each window)."""
+    from neurofed.deploy.export import fresh_copy
+    from neurofed.deploy.lava_procs.relay import StepDelay
+    from neurofed.models.residual import ResidualJoin
+
+    why = _refusal(model)
+    if why:
+        raise DeployError(f"the model cannot be wired on Lava: {why}")
+    Network, NetDict, ConvSynapse = _netx()
+    copy = fresh_copy(model)  # export disables weight norm on what it writes: never on the caller's model
+    import torch
+
+    with torch.no_grad():  # SLAYER blocks learn their shapes on the first forward pass
+        copy(torch.zeros(1, *model.layers[0].in_shape, 2))
+    reset = {"reset_interval": timesteps, "reset_offset": reset_offset + 1}
+    layers, shortcuts, flatten = [], [], False
+    in_shape = tuple(model.layers[0].in_shape[::-1])  # Lava's (x, y, c)
+    prev_out, prev_shape, skip = None, in_shape, None
+    with h5py.File("neurofed-graph", "w", driver="core", backing_store=False) as h:
+        for i, (layer, block) in enumerate(zip(copy.layers, copy.blocks)):
+            if layer.kind == "flatten":
+                flatten = True
+                continue
+            group = NetDict(f=_entry(h, i, layer, block))  # netx's view: arrays, not h5py datasets
+            if layer.options.get("residual") == "open":
+                skip = (prev_out, prev_shape)
+            if layer.kind == "dense":
+                proc, _ = Network.create_dense(group, **reset)
+            else:
+                proc, _ = Network.create_conv(group, input_shape=prev_shape, **reset)
+            if prev_out is not None:
+                src = prev_out.transpose([2, 1, 0]).flatten() if flatten and len(prev_shape) == 3 else prev_out
+                src.connect(proc.inp)
+            flatten = False
+            if isinstance(block, ResidualJoin):
+                shortcuts.append(_shortcut(block, skip, proc, ConvSynapse, StepDelay))
+            reset["reset_offset"] += 1
+            layers.append(proc)
+            prev_out, prev_shape = proc.out, tuple(proc.out.shape)
+    return ResidualLavaNet(layers, layers[0].inp, shortcuts)
+
+
+def _shortcut(block, skip, join, ConvSynapse, StepDelay) -> tuple:
+    """Wire the join's shortcut: skip -> one-step delay -> Conv synapse -> join neuron's a_in."""
+    if skip is None or skip[0] is None:
+        raise DeployError("a residual join's block starts at the network input; the graph needs a layer before it")
+    src, shape = skip
+    stride = block.shortcut.stride[0] if block.shortcut is not None else 1
+    delay = StepDelay(shape=shape)
+    syn = ConvSynapse(input_shape=shape, weight=shortcut_weight(block, shape[2]), stride=np.array([stride, stride]),
+                      padding=np.array([0, 0]), dilation=np.array([1, 1]), groups=1, num_message_bits=0)
+    if tuple(syn.a_out.shape) != tuple(join.neuron.a_in.shape):
+        raise DeployError(f"residual shortcut gives {syn.a_out.shape}, the join's neurons are {join.neuron.a_in.shape}")
+    src.connect(delay.s_in)
+    delay.s_out.connect(syn.s_in)
+    syn.a_out.connect(join.neuron.a_in)  # a second connection: the InPort sums it with the 3x3 synapse's
+    return delay, syn
+
+
+def simulate_graph(model, spikes: np.ndarray, seed: int, backend: str = "fixed_pt", progress=True, chunk: int = 10):
+    """:func:`neurofed.deploy.lava_run.simulate` for a model wired by :func:`build_graph`
+    instead of read from ``model.net``: (SpikeStats, timing)."""
+    from neurofed.deploy.lava_plan import plan_for
+    from neurofed.deploy.lava_run import _stream, run_config
+
+    run_cfg = run_config(backend)
+    plan = plan_for(model, spikes.shape[-1])  # binary input; each layer's lag as in a model.net
+    if plan.voltage:
+        raise DeployError("model.readout: voltage: the residual Lava graph reads spike counts only; "
+                          "the voltage reader is wired for model.net runs")
+    return _stream(build_graph(model, plan.window), spikes, seed, backend, run_cfg, progress, chunk, plan)
+
+
+def hardware_use(model, profile=None, timesteps: int = 32) -> dict:
+    """Cores and chips the graph needs on ``profile`` (default loihi2): per spiking layer
+    the constraint check's neurons and synapses (a join's shortcut synapses added), each
+    layer on whole cores."""
+    from neurofed.deploy.constraints import DEFAULT_PROFILE, _layer_use, load_profile
+    from neurofed.models.residual import ResidualJoin
+
+    prof = load_profile(profile or DEFAULT_PROFILE)
+    lim = {k: (v.value if (v := prof.get(k)) else None) for k in ("neurons_per_core", "synapses_per_core",
+                                                                    "cores_per_chip")}
+    rows = []
+    for layer, block in zip(model.layers, model.blocks):
+        if not layer.has_neurons:
+            continue
+        use = _layer_use(len(rows), layer, block, timesteps)
+        if isinstance(block, ResidualJoin):
+            use.fan_in += block.shortcut.in_channels if block.shortcut is not None else 1
+            use.synapses = use.neurons * use.fan_in
+        use.cores = max(1, math.ceil(use.neurons / lim["neurons_per_core"]) if lim["neurons_per_core"] else 1,
+                        math.ceil(use.synapses / lim["synapses_per_core"]) if lim["synapses_per_core"] else 1)
+        rows.append(use)
+    cores = sum(r.cores for r in rows)
+    cpc = lim["cores_per_chip"]
+    return {"profile": prof.name, "cores": cores, "chips": math.ceil(cores / cpc) if cpc else None,
+            "neurons": sum(r.neurons for r in rows), "synapses": sum(r.synapses for r in rows), "layers": rows}

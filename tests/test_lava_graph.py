@@ -1,0 +1,105 @@
+"""Residual joins on Lava (neurofed.deploy.lava_graph): the process graph wired from the
+model runs in real Lava fixed_pt spike for spike with SLAYER, shortcut and all."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from neurofed.config import DEFAULTS
+from neurofed.deploy import DeployError
+from neurofed.deploy.lava_graph import build_graph, hardware_use, simulate_graph
+from neurofed.deploy.lava_run import torch_reference
+from neurofed.models.snn import SpikingNet
+from neurofed.models.spec import Layer, resolve
+from test_deploy import random_spikes
+
+T = {"encoding": "rate", "timesteps": 10, "max_rate": 1.0}
+
+
+def tiny_residual(**cfg) -> SpikingNet:
+    """Stem conv, an identity-shortcut block, a strided block with a 1x1 shortcut, a pool
+    and a dense readout, on 1x8x8: 7 spiking layers, a few channels."""
+    layers = [Layer("conv", 3, kernel=3, padding=1),
+              Layer("conv", 3, kernel=3, padding=1, options={"residual": "open"}),
+              Layer("conv", 3, kernel=3, padding=1, options={"residual": "close", "skip_channels": 3}),
+              Layer("conv", 4, kernel=3, stride=2, padding=1, options={"residual": "open"}),
+              Layer("conv", 4, kernel=3, padding=1,
+                    options={"residual": "close", "skip_channels": 3, "skip_stride": 2}),
+              Layer("pool", kernel=2, stride=2), Layer("flatten"), Layer("dense", 5)]
+    torch.manual_seed(0)
+    model = SpikingNet(resolve(layers, (1, 8, 8)), {**DEFAULTS["model"], "threshold": 0.4, **cfg}, logit_scale=10.0)
+    with torch.no_grad():  # shortcut weights strong enough that the joins' spikes depend on them
+        for block in model.blocks:
+            if getattr(block, "shortcut", None) is not None:
+                block.shortcut.weight.mul_(3)
+    return model.eval()
+
+
+def assert_spike_for_spike(model, spikes, seed=5):
+    lava, timing = simulate_graph(model, spikes, seed, progress=False)
+    ref = torch_reference(model, spikes, seed)
+    assert ref.counts.min() > 0, "test input too weak: some layer never spikes"
+    np.testing.assert_array_equal(lava.counts, ref.counts)
+    np.testing.assert_array_equal(lava.checksums, ref.checksums)  # same spikes at the same neurons and steps
+    np.testing.assert_array_equal(lava.output, ref.output)
+    for a, b in zip(lava.neuron_totals, ref.neuron_totals):
+        np.testing.assert_array_equal(a, b)
+    assert timing["samples_per_s"] > 0
+    return ref
+
+
+def test_residual_network_runs_spike_for_spike_on_lava():
+    model = tiny_residual()
+    spikes = random_spikes(3, data_cfg=T)
+    ref = assert_spike_for_spike(model, spikes)
+    # the shortcut matters: without it the joins (layers 2 and 4) spike differently
+    cut = tiny_residual()
+    with torch.no_grad():
+        cut.blocks[4].shortcut.weight.zero_()
+    assert not np.array_equal(torch_reference(cut, spikes, 5).checksums[:, 4], ref.checksums[:, 4])
+
+
+def test_every_join_gets_a_delayed_shortcut_into_its_neurons():
+    net = build_graph(tiny_residual(), timesteps=10)
+    assert len(net.layers) == 7 and len(net.shortcuts) == 2
+    identity = net.shortcuts[0][1].weight.get()
+    assert identity.shape == (3, 1, 1, 3) and np.array_equal(identity[:, 0, 0, :], 64 * np.eye(3))
+
+
+def test_models_the_graph_cannot_wire_are_refused():
+    with pytest.raises(DeployError, match=r"layer 0 \(conv\): model.norm: batch"):
+        build_graph(tiny_residual(norm="batch"), timesteps=10)
+
+
+def test_hardware_use_counts_the_shortcut_synapses():
+    model = tiny_residual()
+    use = hardware_use(model, timesteps=10)
+    join = use["layers"][4]  # 4x4x4 neurons, 3x3x4 conv synapses + 3 from the 1x1 shortcut each
+    assert join.neurons == 64 and join.fan_in == 36 + 3 and join.synapses == 64 * 39
+    assert use["layers"][2].fan_in == 27 + 1  # identity shortcut: one synapse per neuron
+    assert use["cores"] == 7 and use["chips"] == 1
+
+
+def graph_over_two_workers() -> None:
+    from neurofed.deploy.lava_shards import simulate_shards
+
+    model, spikes = tiny_residual(), random_spikes(2, data_cfg=T)
+    two, timing = simulate_shards(model, spikes, 5, workers=2, progress=False, simulate=simulate_graph)
+    assert timing["workers"] == 2
+    np.testing.assert_array_equal(two.checksums, torch_reference(model, spikes, 5).checksums)
+
+
+def test_the_graph_runs_over_parallel_workers_too():
+    # In a fresh interpreter: forking workers from a process that has already built a residual
+    # graph hangs in Lava (seen in this file's order; a known limit, docs/deployment.md), and
+    # `neurofed lava` builds one graph per process.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    code = "import test_lava_graph as t; t.graph_over_two_workers()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]

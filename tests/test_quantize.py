@@ -1,0 +1,82 @@
+"""Quantization-aware training on export's 8-bit grid (neurofed.models.quantize, ``model.quantize: R``)."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from neurofed.config import ConfigError
+from neurofed.deploy.constraints import effective_weight
+from neurofed.models.quantize import for_round, quantize_export, synapses
+from neurofed.models.snn import quantize_8bit
+
+
+def test_export_grid_is_netx_8_bit_range_with_a_straight_through_gradient():
+    w = torch.linspace(-6, 6, 2001, requires_grad=True)
+    q = quantize_export(w)
+    ints = (q * 64).detach().numpy()
+    assert np.array_equal(ints, np.round(ints)) and set(np.unique(ints) % 2) == {0}  # SLAYER's steps of 2
+    assert ints.min() == -256 and ints.max() == 254  # netx optimize_weight_bits clips beyond these
+    inside = (w.abs() < 3.9).detach()
+    np.testing.assert_array_equal(quantize_export(w, descale=True).detach().numpy(), ints)
+    q.sum().backward()
+    assert torch.all(w.grad[inside] == 1) and torch.all(w.grad[w.detach() > 4.5] == 0)
+    # within the range it rounds as SLAYER's 8-bit hook does
+    np.testing.assert_array_equal(q[inside].detach().numpy(), quantize_8bit(w)[inside].detach().numpy())
+
+
+@pytest.mark.parametrize("value, ok", [(True, True), (False, True), (3, True), (0, False), (-2, False),
+                                       ("late", False), (1.5, False)])
+def test_model_quantize_takes_a_switch_or_a_first_round(tiny_cfg, value, ok):
+    if ok:
+        assert tiny_cfg(**{"model.quantize": value})["model"]["quantize"] == value
+    else:
+        with pytest.raises(ConfigError, match="model.quantize.*round R >= 1"):
+            tiny_cfg(**{"model.quantize": value})
+
+
+def test_qat_from_round_r_trains_onto_the_grid_export_writes(tmp_path, tiny_cfg):
+    from neurofed.deploy.export import export_run, load_global_model
+    from neurofed.pipeline import run
+    from neurofed.seeds import seed_for
+    from neurofed.training.local import evaluate
+
+    def losses(q):
+        out = tmp_path / str(q)
+        run(tiny_cfg(**{"model.quantize": q, "federation.rounds": 2, "model.name": "cnn", "model.width": 0.25,
+                        "data.timesteps": 8, "model.threshold": 0.5, "model.init": "firing"}),
+            out, progress=False)  # it learns; the firing init calibrates float weights
+        rows = map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+        return out, [(r["train_loss"], r["loss"]) for r in rows]
+
+    out, qat = losses(2)
+    _, float_run = losses(False)
+    assert qat[0] == float_run[0]  # round 1: the float run's, to the bit
+    assert qat[1] != float_run[1]  # round 2: trained and evaluated on the 8-bit grid
+    model, cfg2, ds, rnd = load_global_model(out)
+    # rounds before R train and evaluate float weights; from R on, export's grid
+    assert all(s.pre_hook_fx is quantize_export for s in synapses(model))
+    assert all(s.pre_hook_fx is None for s in synapses(for_round(model, 1)))
+    for_round(model, 2)
+    # the run's reported accuracy of round R is the 8-bit model's
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    ev = evaluate(model, torch.as_tensor(ds.x_test), torch.as_tensor(ds.y_test), cfg2, seed_for(cfg2["seed"], "eval"))
+    assert last["round"] == 2 and ev["accuracy"] == last["accuracy"]
+
+    export_run(out, quiet=True)  # refuses weights beyond 8 bits: none here
+    weights = [syn.pre_hook_fx(effective_weight(syn)) for syn in synapses(model)]
+    with h5py.File(out / "model.net") as h:
+        written = [h["layer"][str(i + 1)]["weight"][()] for i, layer in enumerate(model.layers)
+                   if layer.kind in ("conv", "dense")]
+    trained = [w for w, layer in zip(weights, [l for l in model.layers if l.kind != "flatten"])
+               if layer.kind in ("conv", "dense")]
+    assert len(written) == len(trained) == 4
+    for w, file_w in zip(trained, written):
+        ints = (w * 64).detach().numpy().reshape(file_w.shape)
+        np.testing.assert_array_equal(ints, file_w)  # exactly the weights the torch model computes with
+        assert np.array_equal(ints, np.round(ints)) and -256 <= ints.min() and ints.max() <= 254
+
