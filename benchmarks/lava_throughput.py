@@ -131,7 +131,7 @@ def main(argv=None) -> int:
         rates = {}
         for w in [int(x) for x in args.workers.split(",") if x]:
             cpu0, t0 = _cpu_s(), time.perf_counter()
-            sharded, tm = simulate_shards(path, spikes[:args.samples], 0, workers=w, progress=False)
+            sharded, tm = simulate_shards(path, spikes[:args.samples], 0, workers=w, progress=False, simulate=simulate)
             busy = (_cpu_s() - cpu0) / (time.perf_counter() - t0)  # < w: the workers waited for a core
             rates[w] = tm["samples_per_s"]
             same = np.array_equal(sharded.checksums, stream.checksums[:args.samples])

@@ -20,7 +20,7 @@ def test_two_workers_give_the_one_process_result(tmp_path):
     spikes = random_spikes(5)
     one, t1 = simulate(path, spikes, 3, progress=False)
     ticks = []
-    two, t2 = simulate_shards(path, spikes, 3, workers=2, progress=False)
+    two, t2 = simulate_shards(path, spikes, 3, workers=2, progress=False, simulate=simulate)
     assert t2["workers"] == 2 and t2["samples_per_s"] > 0
     assert one.counts[:, :-1].min() > 0, "test input too weak: a hidden layer never spikes"
     for field in ("counts", "checksums", "output"):
@@ -39,7 +39,7 @@ def test_a_failing_worker_names_its_shard(tmp_path):
     export_model(model, path)
     spikes = random_spikes(2, data_cfg={"encoding": "rate", "timesteps": 2, "max_rate": 1.0})
     with pytest.raises(DeployError, match=r"Lava worker \d \(shard \d of 2\): .*timesteps"):
-        simulate_shards(path, spikes, 3, workers=2, progress=False)
+        simulate_shards(path, spikes, 3, workers=2, progress=False, simulate=simulate)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])

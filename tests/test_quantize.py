@@ -12,7 +12,7 @@ import torch
 from neurofed.config import ConfigError
 from neurofed.deploy.constraints import effective_weight
 from neurofed.models.quantize import for_round, quantize_export, synapses
-from neurofed.models.snn import quantize_8bit
+from neurofed.models.quantize import quantize_8bit
 
 
 def test_export_grid_is_netx_8_bit_range_with_a_straight_through_gradient():

@@ -168,7 +168,7 @@ def integer_weight(synapse: torch.nn.Module) -> torch.Tensor:
     """Weights as netx receives them: SLAYER's 8-bit quantization, descaled (x64).
 
     Models trained without the hook are quantized at export the same way."""
-    from neurofed.models.snn import quantize_8bit
+    from neurofed.models.quantize import quantize_8bit
 
     hook = synapse.pre_hook_fx or quantize_8bit
     return hook(effective_weight(synapse), descale=True)

@@ -61,6 +61,24 @@ class LavaPlan:
         return {"lags": list(self.lags), "input_bits": self.input_bits, "voltage": self.voltage}
 
 
+@dataclass
+class SpikeStats:
+    counts: np.ndarray  # (N, L) spikes per sample per spiking layer
+    checksums: np.ndarray  # (N, L) raster checksum per sample per layer
+    output: np.ndarray  # (N, K) output-layer spikes per neuron
+    neuron_totals: list[np.ndarray]  # per layer, each neuron's spikes over all samples, torch shape (C, H, W)
+
+    @property
+    def predictions(self) -> np.ndarray:
+        return predict(self.output)
+
+
+def predict(output_counts: np.ndarray) -> np.ndarray:
+    """Label = most output spikes; ties go to the lowest index, as ``torch.argmax``
+    on the model's readout (rate x logit_scale, a positive multiple of the counts)."""
+    return np.argmax(np.asarray(output_counts), axis=1)
+
+
 def plan_for(model, timesteps: int, encoding: str = "rate", input_bits: int = INPUT_BITS) -> LavaPlan:
     lags, lag = [], 0
     for i, (layer, block) in enumerate(zip(model.layers, model.blocks)):
@@ -197,7 +215,6 @@ def torch_reference(model, spikes: np.ndarray, seed: int, plan: LavaPlan | None 
     counts and raster checksums over each layer's counted phases (:meth:`LavaPlan.counted`),
     and the output (spike counts per neuron, or the readout voltage in Lava's fixed point)."""
     from neurofed.deploy.lava_procs.streaming import raster_weights
-    from neurofed.deploy.lava_run import SpikeStats
 
     model.eval()
     t = spikes.shape[-1]

@@ -36,8 +36,8 @@ import torch
 from neurofed.deploy import DeployError
 from neurofed.deploy.export import (NET_FILE, check_net_digest, digest_file, export_run, fresh_copy,
                                    load_global_model, read_net)
-from neurofed.deploy.lava_plan import (MESSAGE_BITS, LavaPlan, check_encoding, input_spikes, layer_seeds, plan_for,  # noqa: F401
-                                       to_lava_layout, to_torch_order, torch_reference, unlagged_plan)
+from neurofed.deploy.lava_plan import (MESSAGE_BITS, LavaPlan, SpikeStats, check_encoding, input_spikes, layer_seeds,  # noqa: F401
+                                       plan_for, predict, to_lava_layout, to_torch_order, torch_reference, unlagged_plan)
 from neurofed.deploy.lava_shards import check_workers, simulate_shards, usable_cores
 from neurofed.seeds import describe_measured, measured_on, seed_for
 
@@ -45,24 +45,6 @@ BACKENDS = ("fixed_pt", "loihi2")
 RESULT_FILE = "lava.json"
 SPIKES_FILE = "lava_layer_spikes.npy"  # (samples, layers) spike counts
 NEURON_SPIKES_FILE = "lava_neuron_spikes.npz"  # layer<j>: each neuron's spikes over all samples, (C, H, W)
-
-
-@dataclass
-class SpikeStats:
-    counts: np.ndarray  # (N, L) spikes per sample per spiking layer
-    checksums: np.ndarray  # (N, L) raster checksum per sample per layer
-    output: np.ndarray  # (N, K) output-layer spikes per neuron
-    neuron_totals: list[np.ndarray]  # per layer, each neuron's spikes over all samples, torch shape (C, H, W)
-
-    @property
-    def predictions(self) -> np.ndarray:
-        return predict(self.output)
-
-
-def predict(output_counts: np.ndarray) -> np.ndarray:
-    """Label = most output spikes; ties go to the lowest index, as ``torch.argmax``
-    on the model's readout (rate x logit_scale, a positive multiple of the counts)."""
-    return np.argmax(np.asarray(output_counts), axis=1)
 
 
 # ----------------------------------------------------------------------------- Lava
@@ -246,7 +228,7 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     notes.update(trained_accuracy=float(np.mean(trained == labels)),
                  trained_agreement=float(np.mean(trained == torch_stats.predictions)))
     lava_stats, timing = simulate_shards(net_path, spikes, seed, backend, workers, progress=progress and not quiet,
-                                         plan=plan)
+                                         simulate=simulate, plan=plan)
 
     neurons = np.array(model.neurons_per_layer, dtype=np.float64)
     t = spikes.shape[-1]

@@ -33,6 +33,12 @@ SCALE = 1 << 6  # SLAYER's weight units per 1.0 (export's integer weights are 64
 EXPORT_NUM_BITS = 7  # SLAYER's num_bits whose range is netx's -256 .. 254 (steps of 2)
 
 
+
+def quantize_8bit(x: torch.Tensor, descale: bool = False) -> torch.Tensor:
+    """SLAYER's 8-bit weight quantization hook (``model.quantize: true``; weights as they run
+    on Loihi). A module-level function, not a lambda, so models pickle across processes."""
+    return slayer().utils.quantize_hook_fx(x, scale=1 << 6, num_bits=8, descale=descale)
+
 def quantize_export(x: torch.Tensor, descale: bool = False) -> torch.Tensor:
     """``x`` on export's 8-bit grid: multiples of 2/64 in [-4, 254/64] (integers -256 .. 254
     with ``descale``). A module-level function, so models pickle across processes."""
@@ -57,7 +63,6 @@ def build_hook(model_cfg: dict):
     """The weight hook a model is built with: SLAYER's 8-bit hook for ``true``, export's grid
     for a QAT round (a fresh copy for export or Lava is the trained, quantized model), none
     for ``false``."""
-    from neurofed.models.snn import quantize_8bit
 
     q = model_cfg.get("quantize", True)
     return None if q is False else quantize_8bit if q is True else quantize_export

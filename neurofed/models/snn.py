@@ -8,19 +8,11 @@ from torch import nn
 from neurofed.compat import slayer as _slayer
 from neurofed.models.factorized import factorized_conv_block
 from neurofed.models.norm import batch_normed
-from neurofed.models.quantize import build_hook
+from neurofed.models.quantize import build_hook, quantize_8bit  # noqa: F401  (quantize_8bit: also read from here)
 from neurofed.models.residual import residual_join_block
 from neurofed.models.spec import Layer
 
 slayer = _slayer()
-
-
-def quantize_8bit(x: torch.Tensor, descale: bool = False) -> torch.Tensor:
-    """SLAYER's 8-bit weight quantization hook (weights as they run on Loihi).
-
-    A module-level function, not a lambda, so models pickle across processes.
-    """
-    return slayer.utils.quantize_hook_fx(x, scale=1 << 6, num_bits=8, descale=descale)
 
 
 def neuron_params(model_cfg: dict) -> dict:
