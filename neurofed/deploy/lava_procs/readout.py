@@ -10,21 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from neurofed.compat import lava as _lava
+from neurofed.deploy.lava_procs.api import (LavaPyType, implements, process as _process, ports as _ports,
+                                            protocol as _protocol, pymodel as _pymodel, pyports as _pyports,
+                                            requires, resources as _resources, tag, variable as _variable)
 
-_process = _lava("lava.magma.core.process.process")
-_ports = _lava("lava.magma.core.process.ports.ports")
-_variable = _lava("lava.magma.core.process.variable")
-_pymodel = _lava("lava.magma.core.model.py.model")
-_pyports = _lava("lava.magma.core.model.py.ports")
-_pytype = _lava("lava.magma.core.model.py.type")
-_decorator = _lava("lava.magma.core.decorator")
-_resources = _lava("lava.magma.core.resources")
-_protocol = _lava("lava.magma.core.sync.protocols.loihi_protocol")
 
-LavaPyType = _pytype.LavaPyType
 PyRefPort = _pyports.PyRefPort
-implements, requires, tag = _decorator.implements, _decorator.requires, _decorator.tag
 
 
 class VoltageReader(_process.AbstractProcess):

@@ -11,18 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from neurofed.compat import lava as _lava
+from neurofed.deploy.lava_procs.api import (LavaPyType, implements, process as _process, ports as _ports,
+                                            protocol as _protocol, pymodel as _pymodel, pyports as _pyports,
+                                            requires, resources as _resources, tag)
 
-_process = _lava("lava.magma.core.process.process")
-_ports = _lava("lava.magma.core.process.ports.ports")
-_pymodel = _lava("lava.magma.core.model.py.model")
-_pyports = _lava("lava.magma.core.model.py.ports")
-_pytype = _lava("lava.magma.core.model.py.type")
-_decorator = _lava("lava.magma.core.decorator")
-_resources = _lava("lava.magma.core.resources")
-_protocol = _lava("lava.magma.core.sync.protocols.loihi_protocol")
 
-LavaPyType = _pytype.LavaPyType
 PyInPort, PyOutPort = _pyports.PyInPort, _pyports.PyOutPort
 
 
@@ -35,9 +28,9 @@ class StepDelay(_process.AbstractProcess):
         self.s_out = _ports.OutPort(shape=tuple(shape))
 
 
-@_decorator.implements(proc=StepDelay, protocol=_protocol.LoihiProtocol)
-@_decorator.requires(_resources.CPU)
-@_decorator.tag("fixed_pt", "floating_pt")
+@implements(proc=StepDelay, protocol=_protocol.LoihiProtocol)
+@requires(_resources.CPU)
+@tag("fixed_pt", "floating_pt")
 class PyStepDelayModel(_pymodel.PyLoihiProcessModel):
     s_in: PyInPort = LavaPyType(PyInPort.VEC_DENSE, np.int32, precision=24)
     s_out: PyOutPort = LavaPyType(PyOutPort.VEC_DENSE, np.int32, precision=24)
