@@ -153,9 +153,9 @@ def profiled_run(cfg: dict, out: str) -> dict:
             holder["exp"] = self
             fit = self.client.fit
 
-            def counted_fit(params, config, data, state):
-                fits.setdefault(self.current_round, []).append(data.cid)
-                return fit(params, config, data, state)
+            def counted_fit(ctx):
+                fits.setdefault(self.current_round, []).append(ctx.data.cid)
+                return fit(ctx)
 
             self.client.fit = counted_fit
 
