@@ -33,13 +33,9 @@ class FedLCClient(Client):
     """Local loss: cross-entropy of :func:`calibrated_logits` (FedLC's calibrated loss, with the
     softmax over all held labels as in the reference implementations)."""
 
-    def begin(self, ctx, model) -> None:
-        super().begin(ctx, model)
-        ctx.derived.counts = np.asarray(ctx.data.label_counts)
-
     def loss(self, ctx, model, output, y, x):
         tau = float(self.cfg["algorithm"]["tau"])
-        return F.cross_entropy(calibrated_logits(model.readout(output), ctx.derived.counts, tau), y)
+        return F.cross_entropy(calibrated_logits(model.readout(output), np.asarray(ctx.data.label_counts), tau), y)
 
 
 class FedLC(FedAvg):

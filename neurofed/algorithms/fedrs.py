@@ -33,13 +33,9 @@ class FedRSClient(Client):
     logit is its spike rate × ``federation.logit_scale``, so we scale that logit.
     """
 
-    def begin(self, ctx, model) -> None:
-        super().begin(ctx, model)
-        ctx.derived.counts = np.asarray(ctx.data.label_counts)
-
     def loss(self, ctx, model, output, y, x):
         alpha = float(self.cfg["algorithm"]["alpha"])
-        return F.cross_entropy(restricted_logits(model.readout(output), ctx.derived.counts, alpha), y)
+        return F.cross_entropy(restricted_logits(model.readout(output), np.asarray(ctx.data.label_counts), alpha), y)
 
 
 class FedRS(FedAvg):

@@ -62,7 +62,7 @@ def _worker(index: int, queue, simulate, args: tuple, kwargs: dict) -> None:
 
 
 def simulate_shards(net, spikes: np.ndarray, seed: int, backend: str = "fixed_pt", workers: int | None = None,
-                    progress: bool = True, simulate=None, **kwargs):
+                    progress: bool = True, *, simulate, **kwargs):
     """``simulate(net, spikes, seed, backend, ...)`` (:func:`neurofed.deploy.lava_run.simulate`
     of a netx file; :func:`neurofed.deploy.lava_graph.simulate_graph` takes a model) over
     ``workers`` shards of ``spikes`` in parallel: the same (SpikeStats, timing) as one
@@ -71,9 +71,6 @@ def simulate_shards(net, spikes: np.ndarray, seed: int, backend: str = "fixed_pt
     ``compile_s`` and ``readout_s`` are the slowest worker's; ``run_s`` spans the first
     worker's first step to the last one's last, so ``samples_per_s`` is the parallel run's.
     """
-    if simulate is None:
-        raise TypeError("simulate_shards: give simulate= (neurofed.deploy.lava_run.simulate for a netx file, "
-                        "neurofed.deploy.lava_graph.simulate_graph for a residual model)")
     n = len(spikes)
     workers = min(check_workers(workers, backend), n)
     if workers == 1:
