@@ -33,7 +33,12 @@ def cmd_nir(args) -> int:
 
 
 def cmd_lava(args) -> int:
-    from neurofed.deploy.lava_run import run_lava
+    import os
+
+    from neurofed.deploy.lava_run import CONV_MODEL_ENV, run_lava
+
+    if args.stock_conv:
+        os.environ[CONV_MODEL_ENV] = "stock"
 
     run_lava(args.run_dir, samples=args.samples, backend=args.backend, quiet=args.quiet, model_round=args.round,
              workers=args.workers)
@@ -61,6 +66,9 @@ def add_commands(sub) -> None:
     p.add_argument("--workers", type=int, default=None,
                    help="parallel Lava processes over shards of the samples, same result as one (default: the "
                         "usable cores; loihi2 runs one)")
+    p.add_argument("--stock-conv", action="store_true",
+                   help="run conv layers with Lava's own fixed_pt Conv model (scipy, one call per channel pair) "
+                        "instead of neurofed's im2col model of the same process (identical results, ~30x faster)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     round_arg(p)
     p.set_defaults(func=cmd_lava)

@@ -50,6 +50,20 @@ NEURON_SPIKES_FILE = "lava_neuron_spikes.npz"  # layer<j>: each neuron's spikes 
 # ----------------------------------------------------------------------------- Lava
 
 
+CONV_MODEL_ENV = "NEUROFED_LAVA_CONV"  # "stock": Lava's own Conv model (read here, so shard workers see it too)
+
+
+def conv_model() -> str:
+    """The process model fixed_pt runs Lava's ``Conv`` with: ``im2col``
+    (:mod:`neurofed.deploy.lava_procs.fast_conv`, the default) or Lava's ``stock`` one."""
+    import os
+
+    value = os.environ.get(CONV_MODEL_ENV, "im2col")
+    if value not in ("im2col", "stock"):
+        raise DeployError(f"{CONV_MODEL_ENV}: got {value!r}; allowed: im2col (default), stock")
+    return value
+
+
 def run_config(backend: str):
     """Lava run configuration for ``backend``; a clear error when it cannot run here."""
     if backend not in BACKENDS:
@@ -58,7 +72,9 @@ def run_config(backend: str):
 
     configs = lava("lava.magma.core.run_configs")
     if backend == "fixed_pt":
-        return configs.Loihi2SimCfg(select_tag="fixed_pt")
+        from neurofed.deploy.lava_procs.fast_conv import exception_map
+
+        return configs.Loihi2SimCfg(select_tag="fixed_pt", exception_proc_model_map=exception_map(conv_model()))
     if not lava("lava.utils.loihi").is_installed():
         raise DeployError("--backend loihi2 needs Intel's lava-loihi extension (module lava.utils.loihi2_profiler "
                           "is not importable here; it is distributed to INRC members, not on PyPI); "
@@ -238,6 +254,7 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
         # not summary.json's (all test samples, draw 'eval')
         "accuracy_measured_on": measured_on(cfg["data"], n, len(ds.y_test), "lava"),
         "backend": backend,
+        "conv_model": conv_model() if backend == "fixed_pt" else None,
         "round": rnd,
         **compare(lava_stats, torch_stats, labels),
         "timesteps": t,
