@@ -69,8 +69,68 @@ def test_every_join_gets_a_delayed_shortcut_into_its_neurons():
 
 
 def test_models_the_graph_cannot_wire_are_refused():
-    with pytest.raises(DeployError, match=r"layer 0 \(conv\): model.norm: batch"):
-        build_graph(tiny_residual(norm="batch"), timesteps=10)
+    # a batch-norm shift is a constant current; Lava holds it as a voltage bias: one only without current memory
+    with pytest.raises(DeployError, match=r"layer 0 \(conv\): batch norm's shift .* got 0.25"):
+        build_graph(tiny_residual(norm="batch", current_decay=0.25), timesteps=10)
+
+
+def sfedhifi_like(**cfg) -> SpikingNet:
+    """The ResNet presets' parts on a tiny net: batch norm (trained running statistics), an
+    analog global pool, a voltage readout, no per-layer delay; full current decay."""
+    layers = [Layer("conv", 3, kernel=3, padding=1),
+              Layer("conv", 3, kernel=3, padding=1, options={"residual": "open"}),
+              Layer("conv", 3, kernel=3, padding=1, options={"residual": "close", "skip_channels": 3}),
+              Layer("conv", 4, kernel=3, stride=2, padding=1, options={"residual": "open"}),
+              Layer("conv", 4, kernel=3, padding=1,
+                    options={"residual": "close", "skip_channels": 3, "skip_stride": 2}),
+              Layer("pool", kernel=0, options={"global_pool": "analog"}), Layer("flatten"), Layer("dense", 5)]
+    torch.manual_seed(0)
+    model_cfg = {**DEFAULTS["model"], "threshold": 0.4, "norm": "batch", "global_pool": "analog",
+                 "readout": "voltage", "current_decay": 1.0, "delay_shift": False, "quantize": False, **cfg}
+    model = SpikingNet(resolve(layers, (1, 8, 8)), model_cfg, logit_scale=1.0).train()
+    with torch.no_grad():  # running statistics away from (0, 1), so the fold has something to fold
+        for _ in range(3):
+            model(torch.rand(16, 1, 8, 8, 6) * 2)
+        for norm in (m for m in model.modules() if type(m).__name__ == "ChannelBatchNorm"):
+            norm.bias.uniform_(-0.3, 0.3)
+    return model.eval()
+
+
+def test_folded_batch_norm_analog_pool_graded_input_and_voltage_readout_run_spike_for_spike():
+    from neurofed.deploy.deployable import deployable_copy, integer_bias
+    from neurofed.deploy.lava_plan import input_spikes, plan_for
+
+    model = sfedhifi_like()
+    folded = deployable_copy(model)
+    assert folded.deploy_expand == 16  # the pool averaged layer 4's 4x4 map; the readout reads it
+    assert len(folded.layers) == len(model.layers) - 1 and folded.layers[-1].in_shape == (64,)
+    biases = [integer_bias(b.synapse) for b in folded.blocks[:5]]
+    assert all(b is not None and b.abs().max() > 0 for b in biases)  # every conv carries its norm's shift
+    data = {"encoding": "direct", "timesteps": 6}
+    values, _ = input_spikes(np.random.default_rng(1).random((4, 1, 8, 8)).astype(np.float32), data, 3)
+    plan = plan_for(folded, 6, "direct")
+    assert plan.voltage and plan.input_bits is not None and plan.lags == (1, 2, 3, 4, 5, 6)
+    lava, _ = simulate_graph(model, values, 3, progress=False, plan=plan)
+    ref = torch_reference(folded, values, 3, plan)
+    assert ref.counts[:, :5].min() > 0, "test input too weak: some layer never spikes"
+    np.testing.assert_array_equal(lava.checksums, ref.checksums)
+    np.testing.assert_array_equal(lava.output, ref.output)  # the readout's integer voltage at the last step
+
+
+def test_the_fold_is_the_evaluated_model(monkeypatch):
+    """Float weights and a fine bias grid: the folded network's readout / H*W is the normed
+    model's evaluation, up to the neurons' 1/64 state grid."""
+    import neurofed.deploy.deployable as deployable
+    from neurofed.models.quantize import set_weight_hook
+
+    model = sfedhifi_like()
+    monkeypatch.setattr(deployable, "CURRENT_SCALE", 1 << 20)
+    exact = set_weight_hook(deployable.deployable_copy(model), None)
+    x = torch.rand(16, 1, 8, 8, 6)
+    with torch.no_grad():
+        want = model(x)[..., -1]
+        got = exact(x)[..., -1] / exact.deploy_expand
+    assert (want - got).abs().max() < 0.02 * want.abs().max()
 
 
 def test_hardware_use_counts_the_shortcut_synapses():

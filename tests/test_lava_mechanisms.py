@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from neurofed.config import DEFAULTS
-from neurofed.deploy.export import export_model, fresh_copy, read_net
+from neurofed.deploy.deployable import deployable_copy
+from neurofed.deploy.export import export_model, read_net
 from neurofed.deploy.lava_plan import INPUT_BITS, graded_first_layer, input_spikes, plan_for, torch_reference
 from neurofed.deploy.lava_run import simulate
 from neurofed.models import build_model
@@ -35,7 +36,7 @@ def round_trip(model, data_cfg, path, n=6, seed=7):
     assert read_net(path)["lava_plan"] == plan.to_meta()
     spikes, _ = input_spikes(images(n), data_cfg, seed)
     lava, _ = simulate(path, spikes, seed, progress=False)  # the plan recorded in the file
-    ref = torch_reference(fresh_copy(model), spikes, seed, plan)  # as exported: 8-bit weights
+    ref = torch_reference(deployable_copy(model), spikes, seed, plan)  # as exported: 8-bit weights, norms folded
     assert ref.counts[:, :len(plan.lags) - plan.voltage].sum(0).min() > 0, "test input too weak: a layer never spikes"
     np.testing.assert_array_equal(lava.counts, ref.counts)
     np.testing.assert_array_equal(lava.checksums, ref.checksums)  # same spikes at the same neurons and steps
@@ -104,7 +105,7 @@ def test_graded_input_reaching_the_threshold_exactly_does_not_fire(tmp_path):
     plan = plan_for(model, DIRECT["timesteps"], "direct")
     export_model(model, tmp_path / "m.net", timesteps=DIRECT["timesteps"], encoding="direct")
     lava, _ = simulate(tmp_path / "m.net", values, 0, progress=False)
-    ref = torch_reference(fresh_copy(model), values, 0, plan)
+    ref = torch_reference(deployable_copy(model), values, 0, plan)
     assert ref.counts[0, 0] == lava.counts[0, 0] == 2  # steps 2 and 5 of 0..7 (firing at v == 1.0: 4)
     np.testing.assert_array_equal(lava.checksums, ref.checksums)
 
@@ -112,11 +113,11 @@ def test_graded_input_reaching_the_threshold_exactly_does_not_fire(tmp_path):
 def test_a_model_that_cannot_be_mapped_is_refused_in_one_line_before_anything_is_written(tmp_path):
     from neurofed.deploy import DeployError
 
-    model = tiny("cnn", norm="batch")
+    model = tiny("cnn", norm="batch", current_decay=0.25)  # a norm's shift on a current with memory
     with pytest.raises(DeployError) as err:
         export_model(model, tmp_path / "out" / "m.net")
     message = str(err.value)
-    assert "\n" not in message and "layers 0, 2, 4: model.norm: batch folds" in message
+    assert "\n" not in message and "layer 0 (conv): batch norm's shift" in message and "got 0.25" in message
     assert not (tmp_path / "out").exists()
 
 
@@ -145,3 +146,22 @@ def test_graded_input_warns_where_the_finer_first_state_can_pass_24_bits():
     assert graded_state_warning(30.0, {"encoding": "direct"}) is None
     warning = graded_state_warning(20.0, {"encoding": "direct", "mean": [0.5], "std": [0.25]})  # |x| up to 2
     assert warning.startswith("layer 0: worst-case current 40") and "passes 32" in warning and "\n" not in warning
+
+
+def test_batch_norm_folds_into_netx_weights_and_neuron_biases(tmp_path):
+    """A normed chain exports through netx's own reader: the norm's scale in the weights, its
+    shift as each neuron's bias (read by netx), spike for spike with direct input."""
+    import h5py
+
+    model = tiny(norm="batch", current_decay=1.0, delay_shift=False)
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.rand(16, 1, 8, 8, 8) * 2)
+        for norm in (m for m in model.modules() if type(m).__name__ == "ChannelBatchNorm"):
+            norm.bias.uniform_(-0.3, 0.3)
+    model.eval()
+    round_trip(model, DIRECT, tmp_path / "m.net")
+    with h5py.File(tmp_path / "m.net") as h:
+        biased = [k for k in h["layer"] if "bias" in h["layer"][k]]
+    assert len(biased) == sum(type(b).__name__.startswith("BatchNormed") for b in model.blocks) > 0

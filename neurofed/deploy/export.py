@@ -158,6 +158,20 @@ def pool_as_conv_weight(pool_weight: np.ndarray, channels: int, groups: int) -> 
     return weight
 
 
+def write_bias(block, group: h5py.Group, index: int) -> None:
+    """The block's folded batch-norm shift (:mod:`neurofed.deploy.deployable`) as netx's
+    ``bias`` entry: one integer per output channel (netx broadcasts it over the map)."""
+    from neurofed.deploy.deployable import integer_bias
+    from neurofed.deploy.lava_readout import check_bias
+
+    bias = integer_bias(block.synapse) if getattr(block, "synapse", None) is not None else None
+    if bias is None:
+        return
+    bias = bias.cpu().numpy().astype(np.int32)
+    check_bias(bias, f"layer {index}")
+    group.create_dataset("bias", data=bias)
+
+
 def _write_pool(block, group: h5py.Group, layer) -> None:
     """A SLAYER Pool block as a grouped conv netx can load (exact; depthwise up to 127
     channels, see :func:`pool_groups`)."""
@@ -193,25 +207,25 @@ def export_model(model: torch.nn.Module, path: str | Path, meta: dict | None = N
     place, so a reader that still holds the old file open (netx keeps it open) is
     not disturbed.
     """
-    report = check_model(model, profile, timesteps=timesteps)
+    from neurofed.deploy.deployable import deployable_copy
+
+    copy = deployable_copy(model)  # batch norm and an analog pool folded, 8-bit weights: what runs
+    report = check_model(copy, profile, timesteps=timesteps)
     if check:
         report.raise_for_violations()
-    copy = fresh_copy(model)
-    with torch.no_grad():  # SLAYER blocks learn their shapes on the first forward pass
-        copy(torch.zeros(1, *model.layers[0].in_shape, 2))
-    plan = plan_for(model, timesteps, encoding)
+    plan = plan_for(copy, timesteps, encoding)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with h5py.File(tmp, "w") as h:
-        attrs = {"format": FORMAT, "input_shape": list(model.layers[0].in_shape),
-                 "layers": [l.kind for l in model.layers], "lava_plan": plan.to_meta(), **(meta or {})}
+        attrs = {"format": FORMAT, "input_shape": list(copy.layers[0].in_shape),
+                 "layers": [l.kind for l in copy.layers], "lava_plan": plan.to_meta(), **(meta or {})}
         for key, value in attrs.items():
             h.attrs[key] = json.dumps(value)
         layers = h.create_group("layer")
         entry = layers.create_group("0")
         entry.create_dataset("type", (1,), "S10", [b"input"])
-        entry.create_dataset("shape", data=np.array(model.layers[0].in_shape))
+        entry.create_dataset("shape", data=np.array(copy.layers[0].in_shape))
         for i, (layer, block) in enumerate(zip(copy.layers, copy.blocks), start=1):
             group = layers.create_group(str(i))
             if layer.kind == "pool":
@@ -220,6 +234,7 @@ def export_model(model: torch.nn.Module, path: str | Path, meta: dict | None = N
                 write_voltage_layer(block, group)
             else:
                 block.export_hdf5(group)
+            write_bias(block, group, i - 1)
         if plan.input_bits is not None:
             scale_first_threshold(layers, plan.input_bits)
     os.replace(tmp, path)
@@ -309,7 +324,12 @@ def export_run(run_dir: str | Path, exp=None, profile=DEFAULT_PROFILE, quiet: bo
             "encoding": data["encoding"], "dataset": data["name"], "quantized_training": cfg["model"]["quantize"],
             "round": int(rnd)}
     path = run_dir / NET_FILE
-    report = check_model(model, profile, timesteps=data["timesteps"])
+    from neurofed.deploy.deployable import deployable_copy, has_residual_joins
+
+    deployable = deployable_copy(model)  # what cannot be folded is refused here, before anything is written
+    if has_residual_joins(deployable):
+        return _record_residual(run_dir, deployable, profile, data, rnd, quiet)
+    report = check_model(deployable, profile, timesteps=data["timesteps"])
     if not report.layers:  # refused on its structure: nothing to count, nothing written
         report.raise_for_violations()
     warning = graded_state_warning(report.layers[0].max_current, data) if data["encoding"] == "direct" else None
@@ -325,3 +345,26 @@ def export_run(run_dir: str | Path, exp=None, profile=DEFAULT_PROFILE, quiet: bo
             " (weights quantized to 8 bits at export: trained without model.quantize)"
         print(f"netx network (global model of round {rnd}) -> {path}{note}")
     return path
+
+
+def _record_residual(run_dir: Path, deployable, profile, data: dict, rnd: int, quiet: bool) -> None:
+    """A residual model: no ``model.net`` (netx's HDF5 reader has no join), its graph's hardware
+    use in ``hardware.json``; ``neurofed lava`` wires the graph from the model
+    (:mod:`neurofed.deploy.lava_graph`)."""
+    from dataclasses import asdict
+
+    from neurofed.deploy.lava_graph import hardware_use
+
+    use = hardware_use(deployable, profile, timesteps=data["timesteps"])
+    record = {**use, "layers": [asdict(r) for r in use["layers"]], "round": int(rnd),
+              "netx_file": None, "why": "residual joins: netx's HDF5 reader loads chains only; "
+                                        "`neurofed lava` builds the Lava process graph from the model"}
+    (run_dir / "hardware.json").write_text(json.dumps(record, indent=2, default=str))
+    for stale in (run_dir / NET_FILE, digest_file(run_dir / NET_FILE)):
+        stale.unlink(missing_ok=True)  # a file from an earlier export would not be this model
+    if not quiet:
+        print(f"hardware use ({use['profile']}): {use['cores']} cores, {use['chips']} chip(s), "
+              f"{use['neurons']:,} neurons, {use['synapses']:,} synapses")
+        print(f"residual model (global model of round {rnd}): no netx file (netx loads chains only); "
+              f"`neurofed lava {run_dir}` wires its Lava graph from the model")
+    return None

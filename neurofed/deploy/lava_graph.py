@@ -40,35 +40,35 @@ def _netx():
 
 
 def _refusal(model) -> str | None:
-    """Why this graph builder cannot map ``model`` (None when it can)."""
+    """Why this graph builder cannot map ``model``, a deployable copy (None when it can)."""
     from neurofed.models.residual import ResidualJoin
 
     for i, (layer, block) in enumerate(zip(model.layers, model.blocks)):
-        where = f"layer {i} ({layer.kind})"
-        if model.is_voltage_layer(i):
-            return f"{where}: a voltage readout is not a spiking layer; the residual graph counts spikes"
-        if isinstance(block, ResidualJoin):
-            if not (isinstance(block.norm, nn.Identity) and isinstance(block.shortcut_norm, nn.Identity)):
-                return f"{where}: batch norm in a residual join has no Lava form here; train with model.norm: none"
-        elif getattr(block, "export_refusal", None):
-            return f"{where}: {block.export_refusal}"
+        if not isinstance(block, ResidualJoin) and not model.is_voltage_layer(i) and \
+                getattr(block, "export_refusal", None):
+            return f"layer {i} ({layer.kind}): {block.export_refusal}"
     return None
 
 
-def _entry(root: h5py.Group, index: int, layer, block) -> h5py.Group:
-    """Layer ``index`` as ``neurofed export`` writes it (a join: its 3×3 synapse and neuron)."""
+def _entry(root: h5py.Group, index: int, layer, block, voltage: bool) -> h5py.Group:
+    """Layer ``index`` as ``neurofed export`` writes it (a join: its 3×3 synapse and neuron),
+    with its bias (folded batch norm) where it has one."""
     from neurofed.compat import slayer
-    from neurofed.deploy.export import _write_pool
+    from neurofed.deploy.export import _write_pool, write_bias
+    from neurofed.deploy.lava_readout import write_voltage_layer
     from neurofed.models.residual import ResidualJoin
 
     group = root.create_group(str(index))
     if layer.kind == "pool":
         _write_pool(block, group, layer)
+    elif voltage:
+        write_voltage_layer(block, group)
     elif isinstance(block, ResidualJoin):
         conv = SimpleNamespace(synapse=block.synapse, neuron=block.neuron, delay=None)
         slayer().block.base.AbstractConv.export_hdf5(conv, group)
     else:
         block.export_hdf5(group)
+    write_bias(block, group, index)
     return group
 
 
@@ -99,39 +99,47 @@ class ResidualLavaNet:
         return self.layers[0].stop()
 
 
-def build_graph(model, timesteps: int, reset_offset: int = 1) -> ResidualLavaNet:
-    """The Lava process graph of ``model`` (a SpikingNet; residual joins allowed), its
-    neurons reset every ``timesteps`` steps at netx's phases (``hdf5.Network(reset_interval,
-    reset_offset)``: layer j at step ``reset_offset + 1 + j`` of each window)."""
-    from neurofed.deploy.export import fresh_copy
+def build_graph(model, timesteps: int, reset_offset: int = 1, input_bits: int | None = None) -> ResidualLavaNet:
+    """The Lava process graph of ``model`` (a deployable copy,
+    :func:`neurofed.deploy.deployable.deployable_copy`; residual joins allowed), its neurons
+    reset every ``timesteps`` steps at netx's phases (``hdf5.Network(reset_interval,
+    reset_offset)``: layer j at step ``reset_offset + 1 + j`` of each window). With
+    ``input_bits`` the first layer takes graded spikes and its state is 2^input_bits finer
+    (:mod:`neurofed.deploy.lava_plan`), as in a ``model.net`` export."""
+    from neurofed.deploy.lava_plan import MESSAGE_BITS
+    from neurofed.deploy.lava_readout import scale_threshold
     from neurofed.deploy.lava_procs.relay import StepDelay
     from neurofed.models.residual import ResidualJoin
 
-    why = _refusal(model)
+    from neurofed.deploy.deployable import deployable_copy
+
+    copy = deployable_copy(model)  # folded and quantized as export writes it; the caller's model untouched
+    why = _refusal(copy)
     if why:
         raise DeployError(f"the model cannot be wired on Lava: {why}")
     Network, NetDict, ConvSynapse = _netx()
-    copy = fresh_copy(model)  # export disables weight norm on what it writes: never on the caller's model
-    import torch
-
-    with torch.no_grad():  # SLAYER blocks learn their shapes on the first forward pass
-        copy(torch.zeros(1, *model.layers[0].in_shape, 2))
     reset = {"reset_interval": timesteps, "reset_offset": reset_offset + 1}
     layers, shortcuts, flatten = [], [], False
     in_shape = tuple(model.layers[0].in_shape[::-1])  # Lava's (x, y, c)
     prev_out, prev_shape, skip = None, in_shape, None
+    first = next(i for i, layer in enumerate(copy.layers) if layer.has_neurons)
     with h5py.File("neurofed-graph", "w", driver="core", backing_store=False) as h:
         for i, (layer, block) in enumerate(zip(copy.layers, copy.blocks)):
             if layer.kind == "flatten":
                 flatten = True
                 continue
-            group = NetDict(f=_entry(h, i, layer, block))  # netx's view: arrays, not h5py datasets
+            entry = _entry(h, i, layer, block, copy.is_voltage_layer(i))
+            graded = {}
+            if i == first and input_bits is not None:
+                scale_threshold(entry, input_bits)
+                graded = {"input_message_bits": MESSAGE_BITS}
+            group = NetDict(f=entry)  # netx's view: arrays, not h5py datasets
             if layer.options.get("residual") == "open":
                 skip = (prev_out, prev_shape)
             if layer.kind == "dense":
-                proc, _ = Network.create_dense(group, **reset)
+                proc, _ = Network.create_dense(group, **reset, **graded)
             else:
-                proc, _ = Network.create_conv(group, input_shape=prev_shape, **reset)
+                proc, _ = Network.create_conv(group, input_shape=prev_shape, **reset, **graded)
             if prev_out is not None:
                 src = prev_out.transpose([2, 1, 0]).flatten() if flatten and len(prev_shape) == 3 else prev_out
                 src.connect(proc.inp)
@@ -161,18 +169,21 @@ def _shortcut(block, skip, join, ConvSynapse, StepDelay) -> tuple:
     return delay, syn
 
 
-def simulate_graph(model, spikes: np.ndarray, seed: int, backend: str = "fixed_pt", progress=True, chunk: int = 10):
+def simulate_graph(model, spikes: np.ndarray, seed: int, backend: str = "fixed_pt", progress=True, chunk: int = 10,
+                   plan=None):
     """:func:`neurofed.deploy.lava_run.simulate` for a model wired by :func:`build_graph`
-    instead of read from ``model.net``: (SpikeStats, timing)."""
+    instead of read from ``model.net`` (``model``: a deployable copy): (SpikeStats, timing).
+    ``plan``: :func:`neurofed.deploy.lava_plan.plan_for` of ``model`` (default: binary input)."""
     from neurofed.deploy.lava_plan import plan_for
     from neurofed.deploy.lava_run import _stream, run_config
 
     run_cfg = run_config(backend)
-    plan = plan_for(model, spikes.shape[-1])  # binary input; each layer's lag as in a model.net
-    if plan.voltage:
-        raise DeployError("model.readout: voltage: the residual Lava graph reads spike counts only; "
-                          "the voltage reader is wired for model.net runs")
-    return _stream(build_graph(model, plan.window), spikes, seed, backend, run_cfg, progress, chunk, plan)
+    plan = plan or plan_for(model, spikes.shape[-1])  # binary input; each layer's lag as in a model.net
+    if plan.voltage and backend == "loihi2":
+        raise DeployError("model.readout voltage: the voltage is read by a host process's RefPort, which reaches "
+                          "the simulator's neurons but not a chip's; use --backend fixed_pt")
+    net = build_graph(model, plan.window, input_bits=plan.input_bits)
+    return _stream(net, spikes, seed, backend, run_cfg, progress, chunk, plan)
 
 
 def hardware_use(model, profile=None, timesteps: int = 32) -> dict:

@@ -18,6 +18,15 @@ import numpy as np
 from neurofed.deploy import DeployError
 
 MAX_THRESHOLD_MANTISSA = (1 << 17) - 1  # Lava LIF's vth: unsigned 17 bits (lava/proc/lif/process.py)
+MAX_BIAS_MANTISSA = (1 << 12) - 1  # Lava LIF's bias_mant: signed 13 bits (lava/proc/lif/process.py)
+
+
+def check_bias(bias: np.ndarray, where: str) -> None:
+    """A bias netx writes as Lava's 13-bit mantissa (netx fixes its exponent at 6), or a refusal."""
+    worst = int(np.abs(bias).max()) if np.size(bias) else 0
+    if worst > MAX_BIAS_MANTISSA:
+        raise DeployError(f"{where}: folded batch-norm bias {worst} (in 1/64 current units) passes Lava's 13-bit "
+                          f"bias mantissa (|b| <= {MAX_BIAS_MANTISSA}); the layer's norm shift is too large to map")
 
 
 def write_voltage_layer(block, group: h5py.Group) -> None:
@@ -37,8 +46,17 @@ def write_voltage_layer(block, group: h5py.Group) -> None:
 
 
 def scale_first_threshold(layers: h5py.Group, bits: int) -> None:
-    """The first layer with a neuron: threshold mantissa x 2^bits (its state is scaled so)."""
-    group = next(layers[str(i)] for i in range(1, len(layers)) if "neuron/vThMant" in layers[str(i)])
+    """The first layer with a neuron: threshold mantissa and bias x 2^bits (its state is scaled so)."""
+    scale_threshold(next(layers[str(i)] for i in range(1, len(layers)) if "neuron/vThMant" in layers[str(i)]), bits)
+
+
+def scale_threshold(group: h5py.Group, bits: int) -> None:
+    """Layer entry ``group``'s threshold mantissa and bias x 2^bits: its state runs 2^bits finer."""
+    if "bias" in group:
+        bias = np.asarray(group["bias"][()]) << bits
+        del group["bias"]
+        check_bias(bias, "layer 0 (graded input: its bias x 2^%d)" % bits)
+        group.create_dataset("bias", data=bias)
     mantissa = int(np.asarray(group["neuron/vThMant"][()]).max()) << bits
     if mantissa > MAX_THRESHOLD_MANTISSA:
         raise DeployError(f"layer 0: graded input scales the threshold mantissa to {mantissa}, beyond Lava's "

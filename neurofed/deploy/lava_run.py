@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from neurofed.deploy import DeployError
-from neurofed.deploy.export import (NET_FILE, check_net_digest, digest_file, export_run, fresh_copy,
+from neurofed.deploy.deployable import deployable_copy, has_residual_joins
+from neurofed.deploy.export import (NET_FILE, check_net_digest, digest_file, export_run,
                                    load_global_model, read_net)
 from neurofed.deploy.lava_plan import (MESSAGE_BITS, LavaPlan, SpikeStats, check_encoding, input_spikes, layer_seeds,  # noqa: F401
                                        plan_for, predict, to_lava_layout, to_torch_order, torch_reference, unlagged_plan)
@@ -224,29 +225,36 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     workers = check_workers(workers, backend)
     model, cfg, ds, rnd = load_global_model(run_dir, model_round=model_round)
     check_encoding(cfg["data"])
-    plan = plan_for(model, cfg["data"]["timesteps"], cfg["data"]["encoding"])
-    net_path = run_dir / NET_FILE
-    if (not net_path.exists() or not digest_file(net_path).exists() or read_net(net_path).get("round") != rnd
-            or read_net(net_path).get("lava_plan") != plan.to_meta()):
-        export_run(run_dir, quiet=quiet, model_round=rnd)
-    check_net_digest(net_path)
-    read_net(net_path, model)
+    deployable = deployable_copy(model)  # what the chip runs: norms and an analog pool folded, 8-bit weights
+    plan = plan_for(deployable, cfg["data"]["timesteps"], cfg["data"]["encoding"])
+    if has_residual_joins(deployable):  # no netx file: the process graph is wired from the model
+        from neurofed.deploy.lava_graph import simulate_graph
+
+        net, simulate_fn = deployable, simulate_graph
+    else:
+        net_path = run_dir / NET_FILE
+        if (not net_path.exists() or not digest_file(net_path).exists() or read_net(net_path).get("round") != rnd
+                or read_net(net_path).get("lava_plan") != plan.to_meta()):
+            export_run(run_dir, quiet=quiet, model_round=rnd)
+        check_net_digest(net_path)
+        read_net(net_path, deployable)
+        net, simulate_fn = net_path, simulate
 
     n = min(samples, len(ds.y_test))
     seed = seed_for(cfg["seed"], "lava")
     spikes, notes = input_spikes(ds.x_test[:n], cfg["data"], seed)
     labels = np.asarray(ds.y_test[:n])
     t0 = time.perf_counter()
-    torch_stats = torch_reference(fresh_copy(model), spikes, seed, plan)  # the exported network: 8-bit weights
+    torch_stats = torch_reference(deployable, spikes, seed, plan)  # the exported network: 8-bit weights
     torch_s = time.perf_counter() - t0
     # the model as trained (float weights unless model.quantize; direct input: the unquantized image)
     trained = trained_predictions(model, ds.x_test[:n] if plan.input_bits is not None else spikes, cfg["data"])
     notes.update(trained_accuracy=float(np.mean(trained == labels)),
                  trained_agreement=float(np.mean(trained == torch_stats.predictions)))
-    lava_stats, timing = simulate_shards(net_path, spikes, seed, backend, workers, progress=progress and not quiet,
-                                         simulate=simulate, plan=plan)
+    lava_stats, timing = simulate_shards(net, spikes, seed, backend, workers, progress=progress and not quiet,
+                                         simulate=simulate_fn, plan=plan)
 
-    neurons = np.array(model.neurons_per_layer, dtype=np.float64)
+    neurons = np.array(deployable.neurons_per_layer, dtype=np.float64)
     t = spikes.shape[-1]
     result = {
         "samples": n,
@@ -260,7 +268,7 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
         "timesteps": t,
         "lava_window": plan.window,  # T + the last layer's lag (lava_plan)
         "readout": "voltage" if plan.voltage else "spikes",
-        "layer_kinds": [l.kind for l in model.layers if l.has_neurons],
+        "layer_kinds": [l.kind for l in deployable.layers if l.has_neurons],
         "neurons_per_layer": neurons.astype(int).tolist(),
         "layer_spikes_mean": lava_stats.counts.mean(0).round(4).tolist(),
         "torch_layer_spikes_mean": torch_stats.counts.mean(0).round(4).tolist(),
