@@ -93,6 +93,8 @@ def sfedhifi_like(**cfg) -> SpikingNet:
             model(torch.rand(16, 1, 8, 8, 6) * 2)
         for norm in (m for m in model.modules() if type(m).__name__ == "ChannelBatchNorm"):
             norm.bias.uniform_(-0.3, 0.3)
+        # the stem's shift past 1.0: past what netx's bias exponent holds on a 2^6-finer graded state
+        model.blocks[0].norm.bias[0] = -1.5 + model.blocks[0].norm.affine()[0][0] * model.blocks[0].norm.running_mean[0]
     return model.eval()
 
 
@@ -106,6 +108,7 @@ def test_folded_batch_norm_analog_pool_graded_input_and_voltage_readout_run_spik
     assert len(folded.layers) == len(model.layers) - 1 and folded.layers[-1].in_shape == (64,)
     biases = [integer_bias(b.synapse) for b in folded.blocks[:5]]
     assert all(b is not None and b.abs().max() > 0 for b in biases)  # every conv carries its norm's shift
+    assert biases[0][0] == -96  # -1.5 in 1/64 units: the stem's bias mantissa needs Lava's exponent 7
     data = {"encoding": "direct", "timesteps": 6}
     values, _ = input_spikes(np.random.default_rng(1).random((4, 1, 8, 8)).astype(np.float32), data, 3)
     plan = plan_for(folded, 6, "direct")

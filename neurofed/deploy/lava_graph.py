@@ -107,7 +107,7 @@ def build_graph(model, timesteps: int, reset_offset: int = 1, input_bits: int | 
     ``input_bits`` the first layer takes graded spikes and its state is 2^input_bits finer
     (:mod:`neurofed.deploy.lava_plan`), as in a ``model.net`` export."""
     from neurofed.deploy.lava_plan import MESSAGE_BITS
-    from neurofed.deploy.lava_readout import scale_threshold
+    from neurofed.deploy.lava_readout import MAX_BIAS_EXP, scale_threshold
     from neurofed.deploy.lava_procs.relay import StepDelay
     from neurofed.models.residual import ResidualJoin
 
@@ -131,7 +131,7 @@ def build_graph(model, timesteps: int, reset_offset: int = 1, input_bits: int | 
             entry = _entry(h, i, layer, block, copy.is_voltage_layer(i))
             graded = {}
             if i == first and input_bits is not None:
-                scale_threshold(entry, input_bits)
+                scale_threshold(entry, input_bits, bias_exp=MAX_BIAS_EXP)  # netx's exponent 6 halves the range
                 graded = {"input_message_bits": MESSAGE_BITS}
             group = NetDict(f=entry)  # netx's view: arrays, not h5py datasets
             if layer.options.get("residual") == "open":
@@ -140,6 +140,8 @@ def build_graph(model, timesteps: int, reset_offset: int = 1, input_bits: int | 
                 proc, _ = Network.create_dense(group, **reset, **graded)
             else:
                 proc, _ = Network.create_conv(group, input_shape=prev_shape, **reset, **graded)
+            if graded and "bias" in entry:
+                proc.neuron.bias_exp.init = np.full(proc.neuron.bias_exp.shape, MAX_BIAS_EXP)
             if prev_out is not None:
                 src = prev_out.transpose([2, 1, 0]).flatten() if flatten and len(prev_shape) == 3 else prev_out
                 src.connect(proc.inp)

@@ -50,12 +50,18 @@ def scale_first_threshold(layers: h5py.Group, bits: int) -> None:
     scale_threshold(next(layers[str(i)] for i in range(1, len(layers)) if "neuron/vThMant" in layers[str(i)]), bits)
 
 
-def scale_threshold(group: h5py.Group, bits: int) -> None:
-    """Layer entry ``group``'s threshold mantissa and bias x 2^bits: its state runs 2^bits finer."""
+NETX_BIAS_EXP = 6  # netx's hdf5 reader gives every neuron this bias exponent
+MAX_BIAS_EXP = 7  # Lava LIF's bias_exp: unsigned 3 bits
+
+
+def scale_threshold(group: h5py.Group, bits: int, bias_exp: int = NETX_BIAS_EXP) -> None:
+    """Layer entry ``group``'s threshold mantissa and bias x 2^bits: its state runs 2^bits finer.
+    The bias is written for a neuron with exponent ``bias_exp`` (netx's 6, or up to Lava's 7
+    where the caller sets it: twice the range)."""
     if "bias" in group:
-        bias = np.asarray(group["bias"][()]) << bits
+        bias = np.asarray(group["bias"][()]) << (bits - (bias_exp - NETX_BIAS_EXP))
         del group["bias"]
-        check_bias(bias, "layer 0 (graded input: its bias x 2^%d)" % bits)
+        check_bias(bias, f"layer 0 (graded input: its bias x 2^{bits}, exponent {bias_exp})")
         group.create_dataset("bias", data=bias)
     mantissa = int(np.asarray(group["neuron/vThMant"][()]).max()) << bits
     if mantissa > MAX_THRESHOLD_MANTISSA:
