@@ -82,10 +82,21 @@ def plan_steps(cfg: dict, exp) -> tuple[list, dict]:
 
 
 def _export_refusal(exp) -> str | None:
-    """Why netx cannot hold this run's model (its structure; sizes are checked at export)."""
+    """Why this run's model cannot be deployed: folded for the chip (batch norm, an analog pool),
+    then held by netx or, with residual joins, by the Lava graph (sizes are checked at export)."""
+    from neurofed.deploy import DeployError
     from neurofed.deploy.constraints import structure_problems
+    from neurofed.deploy.deployable import deployable_copy, has_residual_joins
 
-    problems = structure_problems(exp.eval_model)
+    try:
+        deployable = deployable_copy(exp.eval_model)
+    except DeployError as exc:
+        return str(exc)
+    if has_residual_joins(deployable):
+        from neurofed.deploy.lava_graph import graph_refusal
+
+        return graph_refusal(deployable)
+    problems = structure_problems(deployable)
     return None if not problems else problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
 
 

@@ -39,7 +39,7 @@ def _netx():
     return netx().hdf5.Network, netx().utils.NetDict, lava("lava.proc.conv.process").Conv
 
 
-def _refusal(model) -> str | None:
+def graph_refusal(model) -> str | None:
     """Why this graph builder cannot map ``model``, a deployable copy (None when it can)."""
     from neurofed.models.residual import ResidualJoin
 
@@ -114,7 +114,7 @@ def build_graph(model, timesteps: int, reset_offset: int = 1, input_bits: int | 
     from neurofed.deploy.deployable import deployable_copy
 
     copy = deployable_copy(model)  # folded and quantized as export writes it; the caller's model untouched
-    why = _refusal(copy)
+    why = graph_refusal(copy)
     if why:
         raise DeployError(f"the model cannot be wired on Lava: {why}")
     Network, NetDict, ConvSynapse = _netx()

@@ -111,7 +111,7 @@ def read_lava(run_dir: str | Path, model, data_cfg: dict, first_map: torch.Tenso
     in lava.json if recorded.
     """
     record = read_lava_record(run_dir)
-    spiking = [i for i, layer in enumerate(model.layers) if layer.has_neurons]
+    spiking = lava_layers(model)
     found = _per_layer_totals(record, len(spiking))
     if found is None:
         raise ValueError(f"--spikes lava: {Path(run_dir) / LAVA_FILE} has no per-layer spike counts for the "
@@ -140,8 +140,10 @@ def read_lava(run_dir: str | Path, model, data_cfg: dict, first_map: torch.Tenso
         for i, layer in enumerate(model.layers):
             if prev is not None:
                 maps[i] = prev.reshape(tuple(layer.in_shape))
-            if layer.has_neurons:
+            if i in neuron_maps:
                 prev = neuron_maps[i]
+            elif layer.has_neurons:  # an analog global pool, folded into the readout on Lava: the map's mean
+                prev = prev.mean(dim=(1, 2), keepdim=True)
         notes = [f"per-position input spikes from Lava's per-neuron totals ({record['neuron_spikes_file']})"]
     else:
         notes = ["lava.json gives spikes per layer and sample, not per position: each hidden layer's input "
@@ -153,6 +155,16 @@ def read_lava(run_dir: str | Path, model, data_cfg: dict, first_map: torch.Tenso
                      input_maps=maps, output_spikes=out, source="lava", spread="exact" if exact else "uniform",
                      analog_input=analog, accuracy=float(acc) if isinstance(acc, (int, float)) else None,
                      notes=notes)
+
+
+def lava_layers(model) -> list[int]:
+    """The model's layers that are Lava layers: every layer with neurons but an analog global
+    pool (folded into the readout at export, :mod:`neurofed.deploy.deployable`)."""
+    from neurofed.models.snn import AnalogGlobalPool
+
+    blocks = getattr(model, "blocks", None)
+    return [i for i, layer in enumerate(model.layers) if layer.has_neurons
+            and not (blocks is not None and isinstance(blocks[i], AnalogGlobalPool))]
 
 
 def _neuron_maps(run_dir: Path, record: dict, model, spiking: list[int]) -> dict | None:

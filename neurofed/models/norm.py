@@ -20,7 +20,9 @@ module's form before; docs/fidelity.md says what the change does to the evaluati
 Without the norm, SLAYER's ResNet-18 does not learn (measured on the CIFAR-10 stand-in at
 width 0.125, one model fitting one batch of 64: 30 % after 60 Adam steps, vs 72 % with the
 norm and 98 % with the norm and the analog global pool; the S-VGG9, which has no residual
-path, fits it in 40). A normed model is not exported yet (:data:`EXPORT_REFUSAL`).
+path, fits it in 40). Export folds the norm into the weights and a bias
+(:mod:`neurofed.deploy.deployable`); :data:`EXPORT_REFUSAL` is what a reader of the unfolded
+block (the NIR export) says.
 """
 
 from __future__ import annotations
@@ -34,9 +36,8 @@ from neurofed.models.factorized import FactorizedConv
 
 slayer = _slayer()
 
-EXPORT_REFUSAL = ("model.norm: batch folds into weight scales and a bias on each step's current "
-                  "(ChannelBatchNorm.affine), but a netx/Lava neuron's bias adds to its voltage and the folded "
-                  "export is not built, so the model trains and is energy-counted but is not exported")
+EXPORT_REFUSAL = ("model.norm: batch: an unfolded norm; export folds it into weight scales and a bias "
+                  "(neurofed.deploy.deployable.deployable_copy)")
 
 
 class ChannelBatchNorm(nn.Module):

@@ -32,13 +32,13 @@ config validation lists the zoo).
   output, 4×4 for 32×32 input: the authors' ``AdaptiveAvgPool2d``; ``model.global_pool:
   analog`` is their analog mean, :class:`neurofed.models.snn.AnalogGlobalPool`), FC; their
   output neuron spikes, as here. Their batch norms: ``model.norm: batch``
-  (:mod:`neurofed.models.norm`; netx/Lava have none, so the default is none).
+  (:mod:`neurofed.models.norm`; folded into weights and biases at export).
 - ``hifi_resnet18`` — the same with SFedHIFI's factorized 3×3 convolutions in every basic
   block (Eq. 4, output channels grouped as for ``hifi_cnn``; the authors' ``DecomBlock``),
   the stem and the 1×1 shortcuts plain as theirs.
 
-Residual blocks are two layers (:mod:`neurofed.models.residual`): they train and are
-energy-counted; ``neurofed export`` refuses them with the reason.
+Residual blocks are two layers (:mod:`neurofed.models.residual`): they train, are
+energy-counted and run on Lava as a process graph (:mod:`neurofed.deploy.lava_graph`).
 """
 
 from __future__ import annotations

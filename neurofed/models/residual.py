@@ -16,8 +16,8 @@ batch-normed before the sum, as theirs (an identity shortcut adds its spikes as 
 Every SLAYER block delays its spikes by one step, so the shortcut is delayed by one step
 too, to meet the conv path in time (with ``model.delay_shift: false`` neither is).
 
-Netx loads feed-forward chains only: :attr:`ResidualJoin.export_refusal` is the reason
-``neurofed export`` gives. The energy module counts the 3×3 synapse as any conv layer and
+Netx loads feed-forward chains only (:attr:`ResidualJoin.export_refusal`): ``neurofed lava``
+wires the Lava process graph from the model instead (:mod:`neurofed.deploy.lava_graph`). The energy module counts the 3×3 synapse as any conv layer and
 the shortcut from the spikes that enter it (``neurofed.models.opcounts``).
 
 Kept free of :mod:`neurofed.models.snn` (which imports this module): SLAYER comes from

@@ -86,12 +86,11 @@ class AnalogGlobalPool(nn.Module):
     before their fc (SpikingJelly's Spiking-ResNet). ``spikes`` (the default) is an
     integrate-and-fire pool that fires once per k*k input spikes (``pool_neuron``'s ``avg``);
     at T = 10 over layer4's 4x4 map a last block firing at 2 % gives it about 3 spikes, so it
-    passes almost nothing. The layer after it is priced as MACs (its input is analog) and the
-    model is not exported (no netx or NIR layer outputs an analog mean)."""
+    passes almost nothing. The layer after it is priced as MACs (its input is analog); export
+    folds it into the voltage readout after it (:mod:`neurofed.deploy.deployable`)."""
 
-    export_refusal = ("model.global_pool: analog passes the pool's mean as an analog value; netx and NIR "
-                      "layers pass spikes, so the model trains and is energy-counted but is not exported "
-                      "(model.global_pool: spikes exports)")
+    export_refusal = ("model.global_pool: analog passes the pool's mean as an analog value; export folds it "
+                      "into a voltage readout after it (neurofed.deploy.deployable), not into a spiking layer")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, C, H, W, T) -> (N, C, 1, 1, T)
         return x.mean(dim=(2, 3), keepdim=True)
