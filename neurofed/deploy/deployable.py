@@ -100,9 +100,11 @@ def has_residual_joins(model) -> bool:
     return any(layer.options.get("residual") == "close" for layer in model.layers)
 
 
-def deployable_copy(model) -> nn.Module:
+def deployable_copy(model, bias_on_current_ok: bool = False) -> nn.Module:
     """A new SpikingNet that computes what the exported network computes (see the module
-    docstring); ``model`` is untouched. Raises DeployError for what cannot be folded."""
+    docstring); ``model`` is untouched. Raises DeployError for what cannot be folded.
+    ``bias_on_current_ok``: the target adds a bias to the current as SLAYER does (NIR's
+    synapse bias), so batch norm folds for any current decay (Lava's voltage bias needs 1)."""
     from neurofed.deploy.export import fresh_copy
     from neurofed.models.norm import ChannelBatchNorm
     from neurofed.models.residual import ResidualJoin
@@ -136,7 +138,8 @@ def deployable_copy(model) -> nn.Module:
                 _set_weight(target.shortcut, _synapse_weight(block.shortcut) * s_scale.view(-1, *([1] * 4)))
                 shift = shift + s_shift
             if isinstance(getattr(block, "norm", None), ChannelBatchNorm):
-                _refuse_shift_on_leaky_current(src, i)
+                if not bias_on_current_ok:
+                    _refuse_shift_on_leaky_current(src, i)
                 _set_bias(target.synapse, shift)
     out.deploy_expand = expand  # the readout's voltage is this many times the model's
     return out.eval()

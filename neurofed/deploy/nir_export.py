@@ -48,12 +48,23 @@ One node per synapse and one per neuron layer, in a chain:
   per neuron layer (``latency_steps``) so that a reader can line the two up
   (``neurofed nir`` does).
 
+- **The network the chip runs** (:func:`neurofed.deploy.deployable.deployable_copy`):
+  batch norm folded (scale into the weights, shift as the synapse's bias on the 1/64
+  current grid: NIR's ``Conv2d`` bias, or an ``Affine`` for a dense layer; NIR adds it to
+  the synapse output, i.e. to the current, as SLAYER does, so it is exact for any current
+  decay), an analog global pool folded into the voltage readout, factorized kernels fused.
+- **Voltage readout** (``model.readout: voltage``: SLAYER's Affine block, current decay 1,
+  no leak, never fires): a ``CubaLIF`` with τ_syn = Δt (the input is the current), an
+  unreachable threshold (``inf``) and τ_mem = Δt·2^24: NIR's no-leak τ_mem = ∞ makes Norse
+  multiply by r = ∞ (NaN), neither importer loads ``LI`` (snnTorch maps ``IF`` to a leak of
+  0.9), and a leak of 2^-24 per step is float32's resolution. Metadata ``readout: voltage``.
+
 Refused, with the reason (:func:`nir_problems`): ANN models; residual joins (the
 main path reaches the join a step after the shortcut in SLAYER, in the same step in
 a graph without Delay nodes); blocks other than SLAYER's CUBA Conv/Pool/Flatten/Dense
 (ALIF, sigma-delta ...); learned axonal delays (Delay nodes, which the importers do not
-load); batch norm; graded spikes; pools that do not tile their input; zero decays (no
-finite τ).
+load); what :func:`deployable_copy` cannot fold; graded spikes; pools that do not tile
+their input; zero decays (no finite τ) outside the voltage readout.
 """
 
 from __future__ import annotations
@@ -71,6 +82,7 @@ NIR_FILE = "model.nir"
 FORMAT = "neurofed-nir-1"
 STEP_SECONDS = 1e-4  # one SLAYER step in NIR's seconds: the step snnTorch's importer assumes
 SUPPORTED_KINDS = ("conv", "pool", "flatten", "dense")
+READOUT_LEAK_BITS = 24  # the voltage readout's τ_mem = Δt·2^24 (module docstring)
 
 
 def _nir():
@@ -85,16 +97,46 @@ def _nir():
 # ----------------------------------------------------------------------------- what NIR cannot hold
 
 
+def slayer_affine():
+    from neurofed.models.snn import slayer
+
+    return slayer.block.cuba.Affine
+
+
+def nir_model(model):
+    """The network the graph holds: ``model``'s deployable copy (module docstring); batch
+    norm's shift is NIR's synapse bias, added to the current, so any current decay folds."""
+    from neurofed.deploy.deployable import deployable_copy
+
+    return deployable_copy(model, bias_on_current_ok=True)
+
+
 def nir_problems(model) -> list[str]:
     """Why this model cannot be written as the NIR graph above (empty when it can)."""
     if getattr(model, "kind", "snn") != "snn":
         return [f"model.kind is {model.kind!r}: only spiking models export to NIR"]
     from neurofed.deploy.constraints import _slayer_classes
+    from neurofed.deploy.deployable import has_residual_joins
+
+    if not has_residual_joins(model):  # (a residual model is refused below, block by block)
+        try:
+            model = nir_model(model)
+        except DeployError as exc:
+            return [str(exc)]
+        except RuntimeError:  # blocks its config does not rebuild (swapped by hand): checked as they are
+            pass
 
     classes, neuron_cls = _slayer_classes()
     problems = []
+    lag = 0  # delay_shift blocks before this one: the steps SLAYER's input to it runs late
     for i, (layer, block) in enumerate(zip(model.layers, model.blocks)):
         where = f"layer {i} ({layer.kind})"
+        bias = getattr(getattr(block, "synapse", None), "bias", None)
+        if lag and bias is not None and bias.detach().any():
+            problems.append(f"{where}: its folded batch-norm shift is a current from step 0, while SLAYER's "
+                            f"delay_shift brings its input {lag} step(s) late; a graph without Delay nodes (the "
+                            f"importers load none) cannot hold both; train with model.delay_shift: false")
+        lag += int(getattr(block, "delay_shift", False) is True)
         if getattr(block, "export_refusal", None) and "residual" in type(block).__name__.lower():
             problems.append(f"{where}: residual connection: SLAYER's main path reaches the join one step after the "
                             f"shortcut (one block's delay); a NIR graph without Delay nodes would add them in the "
@@ -106,7 +148,9 @@ def nir_problems(model) -> list[str]:
         if layer.kind not in SUPPORTED_KINDS:
             problems.append(f"{where}: no NIR mapping for this layer kind; supported: {', '.join(SUPPORTED_KINDS)}")
             continue
-        if type(block) is not classes[layer.kind] and not getattr(block, "exports_as_base", False):
+        voltage = model.is_voltage_layer(i)
+        if (type(block) is not classes[layer.kind] and not getattr(block, "exports_as_base", False)
+                and not (voltage and type(block) is slayer_affine())):
             problems.append(f"{where}: block {type(block).__name__} is not SLAYER's cuba.{classes[layer.kind].__name__}; "
                             f"the NIR export maps feed-forward CUBA blocks only (a residual block's skip path, "
                             f"ALIF's adaptive threshold, sigma-delta units have no CubaLIF equivalent)")
@@ -126,6 +170,8 @@ def nir_problems(model) -> list[str]:
         if getattr(neuron, "graded_spike", False):
             problems.append(f"{where}: graded spikes: NIR neurons emit binary spikes")
         params = neuron.device_params
+        if voltage:
+            continue  # current decay 1, no leak, never fires: the readout node (module docstring)
         for key, name in (("iDecay", "current_decay"), ("vDecay", "voltage_decay")):
             if np.any(np.asarray(params[key]) <= 0):
                 problems.append(f"{where}: {name} 0 (no decay) has no finite NIR time constant "
@@ -168,6 +214,23 @@ def cuba_lif_params(neuron, shape: tuple, dt: float = STEP_SECONDS) -> dict[str,
     }
 
 
+def readout_params(neuron, shape: tuple, dt: float = STEP_SECONDS) -> dict[str, np.ndarray]:
+    """The voltage readout as a CubaLIF (module docstring): the input is the current, the
+    voltage sums it (leak 2^-24 per step) and never reaches the threshold."""
+    d = 2.0 ** -READOUT_LEAK_BITS
+    return {"tau_syn": np.full(shape, dt), "tau_mem": np.full(shape, dt / d), "r": np.full(shape, 1.0 / d),
+            "v_leak": np.zeros(shape), "v_threshold": np.full(shape, np.inf), "v_reset": np.zeros(shape),
+            "w_in": np.ones(shape)}
+
+
+def _bias(block, channels: int) -> np.ndarray:
+    """The synapse's bias (a folded batch norm's shift, on the 1/64 grid), zeros without one."""
+    from neurofed.deploy.deployable import CURRENT_SCALE, integer_bias
+
+    b = integer_bias(block.synapse)
+    return np.zeros(channels) if b is None else b.double().numpy().reshape(-1) / CURRENT_SCALE
+
+
 def _real_weight(block) -> np.ndarray:
     """The 8-bit weights as SLAYER's forward pass uses them (integer / 64), without
     SLAYER's trailing time-kernel axis."""
@@ -204,16 +267,20 @@ def to_nir(model, dt: float = STEP_SECONDS, meta: dict | None = None):
     problems = nir_problems(model)
     if problems:
         raise DeployError("\n".join(["the model cannot be written as NIR:"] + problems))
+    model = nir_model(model)
     nodes = {"input": nir.Input(input_type={"input": np.array(model.layers[0].in_shape)})}
     edges = []
     prev = "input"
     latency = 0
     latencies = []
-    for (syn_name, lif_name), layer, block in zip(node_names(model), model.layers, model.blocks):
+    for i, ((syn_name, lif_name), layer, block) in enumerate(zip(node_names(model), model.layers, model.blocks)):
         if layer.kind == "flatten":
             nodes[syn_name] = nir.Flatten(input_type={"input": np.array(layer.in_shape)}, start_dim=0, end_dim=-1)
         elif layer.kind == "dense":
-            nodes[syn_name] = nir.Linear(weight=_real_weight(block).reshape(layer.out_shape[0], -1))
+            w = _real_weight(block).reshape(layer.out_shape[0], -1)
+            # nir.Linear has no bias: a folded shift makes it an Affine (both importers read its bias)
+            has_bias = getattr(block.synapse, "bias", None) is not None
+            nodes[syn_name] = nir.Affine(weight=w, bias=_bias(block, w.shape[0])) if has_bias else nir.Linear(weight=w)
         else:
             w = _real_weight(block)
             syn = block.synapse
@@ -227,11 +294,12 @@ def to_nir(model, dt: float = STEP_SECONDS, meta: dict | None = None):
             nodes[syn_name] = nir.Conv2d(
                 input_shape=tuple(layer.in_shape[1:]), weight=w, stride=tuple(syn.stride[:2]),
                 padding=tuple(syn.padding[:2]), dilation=tuple(syn.dilation[:2]), groups=groups,
-                bias=np.zeros(w.shape[0]))
+                bias=_bias(block, w.shape[0]) if layer.kind == "conv" else np.zeros(w.shape[0]))
         edges.append((prev, syn_name))
         prev = syn_name
         if lif_name is not None:
-            nodes[lif_name] = nir.CubaLIF(**cuba_lif_params(block.neuron, tuple(layer.out_shape), dt))
+            params = readout_params if model.is_voltage_layer(i) else cuba_lif_params
+            nodes[lif_name] = nir.CubaLIF(**params(block.neuron, tuple(layer.out_shape), dt))
             edges.append((prev, lif_name))
             prev = lif_name
             latency += int(bool(getattr(block, "delay_shift", False)))
@@ -240,6 +308,8 @@ def to_nir(model, dt: float = STEP_SECONDS, meta: dict | None = None):
     edges.append((prev, "output"))
     metadata = {"format": FORMAT, "dt": float(dt), "latency_steps": json.dumps(latencies),
                 "layers": json.dumps([l.kind for l in model.layers]),
+                "readout": "voltage" if model.is_voltage_layer(len(model.layers) - 1) else "spikes",
+                "deploy_expand": int(model.deploy_expand),  # the readout voltage is this many times the model's
                 **{k: (v if isinstance(v, (int, float, str)) else json.dumps(v)) for k, v in (meta or {}).items()}}
     return nir.NIRGraph(nodes=nodes, edges=edges, metadata=metadata)
 
@@ -289,6 +359,7 @@ def read_nir(path: str | Path, model=None):
     if graph_meta(graph).get("format") != FORMAT:
         raise DeployError(f"{path}: not written by `neurofed export --format nir` (no {FORMAT!r} format tag)")
     if model is not None:
+        model = nir_model(model)
         for (syn, lif), layer in zip(node_names(model), model.layers):
             for name, shape in ((syn, None), (lif, tuple(layer.out_shape))):
                 if name is None:
@@ -300,35 +371,6 @@ def read_nir(path: str | Path, model=None):
                                       f"{shape or layer.kind}; the file is stale or foreign — re-run "
                                       f"`neurofed export RUN_DIR --format nir`")
     return graph
-
-
-# ----------------------------------------------------------------------------- energy
-
-
-def synaptic_ops(graph, input_maps: dict) -> dict[str, float]:
-    """Per synapse node of ``graph`` (Conv2d, Linear, Affine): the synaptic operations
-    of ``input_maps[name]`` (the node's input spike counts summed over samples and
-    steps, NIR's unbatched shape), counted from the graph's own weights: every input
-    spike costs one accumulate per output neuron it reaches through a nonzero weight.
-    The rule of :mod:`neurofed.models.opcounts`, applied to the NIR nodes (a pool is its
-    grouped convolution here)."""
-    import torch.nn.functional as F
-
-    nir = _nir()
-    out = {}
-    for name, s in input_maps.items():
-        node = graph.nodes[name]
-        s = torch.as_tensor(np.asarray(s), dtype=torch.float64)
-        mask = torch.as_tensor(np.asarray(node.weight) != 0, dtype=torch.float64)
-        if isinstance(node, nir.Conv2d):
-            reached = F.conv2d(s[None], mask, stride=tuple(node.stride), padding=tuple(node.padding),
-                               dilation=tuple(node.dilation), groups=int(node.groups))
-            out[name] = float(reached.sum())
-        elif isinstance(node, (nir.Linear, nir.Affine)):
-            out[name] = float(s.reshape(-1) @ mask.sum(0))
-        else:
-            raise DeployError(f"node {name!r} ({type(node).__name__}) has no synapses to count")
-    return out
 
 
 # ----------------------------------------------------------------------------- a run
@@ -352,5 +394,7 @@ def export_nir_run(run_dir: str | Path, quiet: bool = False, model_round: str | 
     return path
 
 
-__all__ = ["NIR_FILE", "STEP_SECONDS", "nir_problems", "cuba_lif_params", "to_nir", "write_nir", "read_nir",
+from neurofed.deploy.nir_energy import synaptic_ops  # noqa: E402  (its home before; nir_energy imports us lazily)
+
+__all__ = ["NIR_FILE", "STEP_SECONDS", "nir_model", "nir_problems", "cuba_lif_params", "readout_params", "to_nir", "write_nir", "read_nir",
            "graph_meta", "node_names", "synaptic_ops", "export_nir_run"]

@@ -6,6 +6,13 @@ at the graph's ``dt``), and the test samples run through it one step at a time
 on the input spikes ``neurofed lava`` uses (same seed, :func:`lava_run.input_spikes`),
 against the same torch reference (:func:`lava_run.torch_reference`).
 
+Direct input (``data.encoding: direct``): both sides get the normalized image each step,
+the analog values torch's model sees (:func:`model_input`); the first layer's current is
+then off SLAYER's fixed-point grid, so a few spikes may move by float rounding.
+
+Voltage readout: the output node's voltage at the last step (of the aligned window) is
+the prediction, compared with SLAYER's readout voltage, both in units of 1/64.
+
 NIR types carry no batch dimension, and both importers map the graph's Flatten
 (``start_dim=0``) to ``torch.nn.Flatten(0, -1)``, so samples run one at a time,
 unbatched, each from a fresh state.
@@ -30,15 +37,41 @@ import numpy as np
 import torch
 
 from neurofed.deploy import DeployError
-from neurofed.deploy.lava_plan import unlagged_plan
+from neurofed.deploy.lava_plan import LavaPlan
 from neurofed.deploy.lava_run import (SpikeStats, agreement_head, input_spikes, layer_seeds, predict, raster_shares,
                                       torch_reference)
 from neurofed.deploy.lava_shards import usable_cores
-from neurofed.deploy.nir_export import NIR_FILE, export_nir_run, graph_meta, node_names, read_nir, synaptic_ops
+from neurofed.deploy.nir_energy import energy_rows
+from neurofed.deploy.nir_export import NIR_FILE, export_nir_run, graph_meta, nir_model, node_names, read_nir
 from neurofed.deploy.nir_simulators import Simulator, _version, get_simulator
 from neurofed.seeds import measured_on, seed_for
 
 RESULT_FILE = "nir.json"  # {simulator: result}
+ENCODINGS = ("rate", "events", "direct")
+
+
+def model_input(x: np.ndarray, data_cfg: dict, seed: int) -> tuple[np.ndarray, dict]:
+    """What the simulator and torch receive, (N, C, H, W, T): the input spikes `neurofed lava`
+    uses (rate, events), or for direct input the normalized image at every step (float32)."""
+    if data_cfg["encoding"] != "direct":
+        return input_spikes(x, data_cfg, seed)
+    from neurofed.data.encoding import as_tensor, encode
+
+    s = encode(as_tensor(np.asarray(x)), "direct", data_cfg["timesteps"], mean=data_cfg.get("mean"),
+               std=data_cfg.get("std"))
+    return s.float().numpy(), {"encoding": "direct"}
+
+
+class NirPlan(LavaPlan):
+    def counted(self, j: int) -> tuple[int, int]:
+        return 0, self.timesteps  # no Lava reset to skip (before step j + 1 a delay_shift block is silent)
+
+
+def nir_plan(model, timesteps: int) -> LavaPlan:
+    """How torch_reference counts for a NIR run: every layer over torch's own T steps, analog
+    input unscaled, the voltage readout read at the last step."""
+    voltage = model.is_voltage_layer(len(model.layers) - 1)
+    return NirPlan(int(timesteps), (0,) * len(model.neurons_per_layer), None, voltage)
 
 
 @dataclass
@@ -51,10 +84,10 @@ class NirStats(SpikeStats):
 def _torch_rasters(model, x: torch.Tensor) -> list[torch.Tensor]:
     """Per spiking layer, SLAYER's output spikes (n, neurons, T) for the input ``x``."""
     out = []
-    for layer, block in zip(model.layers, model.blocks):
+    for i, (layer, block) in enumerate(zip(model.layers, model.blocks)):
         x = block(x)
-        if layer.has_neurons:
-            out.append((x.reshape(len(x), -1, x.shape[-1]) != 0).double())
+        if layer.has_neurons:  # the voltage readout never fires
+            out.append((x.reshape(len(x), -1, x.shape[-1]) != 0).double() * (not model.is_voltage_layer(i)))
     return out
 
 
@@ -67,9 +100,12 @@ def simulate(graph, sim: Simulator, spikes: np.ndarray, seed: int, lif_names: li
     differ from ``model``'s (torch) spikes. Returns the statistics and the load time."""
     from neurofed.deploy.lava_procs.streaming import raster_weights
 
+    model = nir_model(model)  # the torch side of the comparison: what the graph holds
     meta = graph_meta(graph)
     dt = float(meta.get("dt", 1e-4))
     lag = [int(k) for k in meta.get("latency_steps", [0] * len(lif_names))]
+    voltage = meta.get("readout") == "voltage"
+    v_scale = float(model.blocks[-1].neuron.s_scale) if voltage else 1.0
     t0 = time.perf_counter()
     net = sim.load(graph, dt)
     load_s = time.perf_counter() - t0
@@ -84,11 +120,14 @@ def simulate(graph, sim: Simulator, spikes: np.ndarray, seed: int, lif_names: li
     if missing:
         raise DeployError(f"--sim {sim.name}: the imported network has no module for node(s) {', '.join(missing)}")
     step_spikes: list = [None] * len(lif_names)
+    step_voltage: list = [None]
 
     def hook(j):
         def record(module, inputs, output):
             z = output[0] if isinstance(output, tuple) else output
             step_spikes[j] = (z.detach() != 0).double().reshape(-1)
+            if voltage and j == len(lif_names) - 1:
+                step_voltage[0] = sim.voltage(module, output).detach().double().reshape(-1)
         return record
 
     handles = [modules[name].register_forward_hook(hook(j)) for j, name in enumerate(lif_names)]
@@ -113,10 +152,13 @@ def simulate(graph, sim: Simulator, spikes: np.ndarray, seed: int, lif_names: li
             for i in range(start, min(start + chunk, n)):
                 state = sim.reset(net)
                 raster = [torch.zeros(int(np.prod(s)), t, dtype=torch.float64) for s in shapes]
+                volts = torch.zeros(int(np.prod(shapes[-1])), t, dtype=torch.float64)
                 for step in range(t):
                     state = sim.step(net, x_all[i, ..., step], state)
                     for j in range(len(lif_names)):
                         raster[j][:, step] = step_spikes[j]
+                    if voltage:
+                        volts[:, step] = step_voltage[0]
                 for j, r in enumerate(raster):
                     k = lag[j]
                     window = r[:, :t - k]  # graph step s is torch step s + k
@@ -124,8 +166,12 @@ def simulate(graph, sim: Simulator, spikes: np.ndarray, seed: int, lif_names: li
                     sums[i, j] = int(round(float((window * weights[j][:, k:]).sum())))
                     mismatch[i, j] = int((window != reference[j][i - start][:, k:]).sum())
                     totals[j] += window.sum(1)
-                out_aligned[i] = raster[-1][:, :t - lag[-1]].sum(1).long().numpy()
-                out_full[i] = raster[-1].sum(1).long().numpy()
+                if voltage:  # in SLAYER's state units, as torch_reference reads its readout
+                    out_aligned[i] = (volts[:, t - 1 - lag[-1]] * v_scale).round().long().numpy()
+                    out_full[i] = (volts[:, -1] * v_scale).round().long().numpy()
+                else:
+                    out_aligned[i] = raster[-1][:, :t - lag[-1]].sum(1).long().numpy()
+                    out_full[i] = raster[-1].sum(1).long().numpy()
                 if bar is not None:
                     bar.update(1)
     finally:
@@ -137,47 +183,6 @@ def simulate(graph, sim: Simulator, spikes: np.ndarray, seed: int, lif_names: li
     stats = NirStats(counts, sums, out_aligned, [tot.reshape(s).long().numpy() for tot, s in zip(totals, shapes)],
                      out_full, mismatch)
     return stats, load_s
-
-
-def energy_rows(model, graph, spikes: np.ndarray, stats: SpikeStats, torch_stats: SpikeStats) -> list[dict]:
-    """Per synapse node: synaptic operations per sample counted on the NIR graph from
-    the simulator's spikes, next to neurofed's count (:mod:`neurofed.models.opcounts`)
-    from torch's spikes."""
-    from neurofed.models.opcounts import count_layers, synapse_masks
-
-    n = spikes.shape[0]
-    first = torch.from_numpy(spikes.sum((0, -1)).astype(np.float64))
-    names = node_names(model)
-
-    def maps(totals):
-        prev, per_layer, nir_maps = first, [], {}
-        j = 0
-        for (syn, lif), layer in zip(names, model.layers):
-            per_layer.append(prev.reshape(tuple(layer.in_shape)))
-            if lif is not None:
-                nir_maps[syn] = prev.reshape(tuple(layer.in_shape)).numpy()
-                prev = torch.from_numpy(np.asarray(totals[j], dtype=np.float64))
-                j += 1
-        return per_layer, nir_maps
-
-    _, nir_maps = maps(stats.neuron_totals)
-    sim_ops = synaptic_ops(graph, nir_maps)
-    torch_maps, _ = maps(torch_stats.neuron_totals)
-    from neurofed.deploy.export import fresh_copy
-
-    copy = fresh_copy(model)
-    with torch.no_grad():
-        copy(torch.zeros(1, *model.layers[0].in_shape, 2))  # weight norm recomputes weight on a forward
-    rows = count_layers(model.layers, torch_maps, [None] * len(model.layers), n, spikes.shape[-1],
-                        masks=synapse_masks(copy))
-    by_index = {r["index"]: r for r in rows}
-    out = []
-    for i, ((syn, lif), layer) in enumerate(zip(names, model.layers)):
-        if lif is None:
-            continue
-        out.append({"node": syn, "synaptic_ops": sim_ops[syn] / n,
-                    "torch_synaptic_ops": by_index[i]["synaptic_ops"]})
-    return out
 
 
 def compare(stats: NirStats, torch_stats: SpikeStats, labels: np.ndarray) -> dict:
@@ -235,21 +240,22 @@ def run_nir(run_dir: str | Path, samples: int = 200, sim: str = "snntorch", prog
         raise DeployError(f"--samples: got {samples!r}; expected a positive integer")
     simulator = get_simulator(sim)
     model, cfg, ds, rnd = load_global_model(run_dir, model_round=model_round)
-    if cfg["data"]["encoding"] not in ("rate", "events"):
-        raise DeployError(f"data.encoding is {cfg['data']['encoding']!r}: the comparison feeds the simulator and "
-                          f"torch the same binary input spikes (rate or events); analog input has none")
+    if cfg["data"]["encoding"] not in ENCODINGS:
+        raise DeployError(f"data.encoding is {cfg['data']['encoding']!r}; the NIR comparison takes "
+                          f"{', '.join(ENCODINGS)}")
     path = run_dir / NIR_FILE
     if not path.exists() or graph_meta(read_nir(path)).get("round") != rnd:
         export_nir_run(run_dir, quiet=quiet, model_round=rnd)
     graph = read_nir(path, model)
+    model = nir_model(model)  # what the graph holds: norms folded, 8-bit weights
     lif_names = [lif for _, lif in node_names(model) if lif is not None]
 
     n = min(samples, len(ds.y_test))
     seed = seed_for(cfg["seed"], "lava")  # the input spikes `neurofed lava` uses
-    spikes, notes = input_spikes(ds.x_test[:n], cfg["data"], seed)
+    spikes, notes = model_input(ds.x_test[:n], cfg["data"], seed)
     labels = np.asarray(ds.y_test[:n])
     t0 = time.perf_counter()
-    torch_stats = torch_reference(model, spikes, seed, unlagged_plan(model, spikes.shape[-1]))
+    torch_stats = torch_reference(model, spikes, seed, nir_plan(model, spikes.shape[-1]))
     torch_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     stats, load_s = simulate(graph, simulator, spikes, seed, lif_names, model, progress=progress and not quiet)
@@ -274,7 +280,8 @@ def run_nir(run_dir: str | Path, samples: int = 200, sim: str = "snntorch", prog
         "layer_spikes_mean": stats.counts.mean(0).round(4).tolist(),
         "torch_layer_spikes_mean": torch_stats.counts.mean(0).round(4).tolist(),
         "layer_firing_rates": (stats.counts.mean(0) / (neurons * t)).round(6).tolist(),
-        "energy": energy_rows(model, graph, spikes, stats, torch_stats),
+        "readout": graph_meta(graph).get("readout", "spikes"),
+        "energy": energy_rows(model, graph, spikes, stats, torch_stats, analog=cfg["data"]["encoding"] == "direct"),
         "layer_spikes": stats.counts.tolist(),
         "torch_layer_spikes": torch_stats.counts.tolist(),
         "predictions": stats.predictions.tolist(),

@@ -21,6 +21,7 @@ class Simulator:
     load: Callable  # (graph, dt) -> torch module
     step: Callable  # (module, x, state) -> state
     reset: Callable  # (module) -> initial state
+    voltage: Callable  # (neuron module, its forward output) -> its membrane voltage after the step
 
 
 def _load_snntorch(graph, dt):
@@ -45,6 +46,14 @@ def _step_snntorch(net, x, state):
     return None
 
 
+def _voltage_snntorch(module, output):
+    return module.mem  # init_hidden neurons (as the importer builds them) return spikes, keep the voltage
+
+
+def _voltage_norse(module, output):
+    return output[1][1].v  # norse's CubaLIF returns (z, (synapse state, LIF state))
+
+
 def _load_norse(graph, dt):
     import warnings
 
@@ -60,8 +69,9 @@ def _step_norse(net, x, state):
 
 
 SIMULATORS = {
-    "snntorch": Simulator("snntorch", "snntorch", _load_snntorch, _step_snntorch, _reset_snntorch),
-    "norse": Simulator("norse", "norse", _load_norse, _step_norse, lambda net: None),
+    "snntorch": Simulator("snntorch", "snntorch", _load_snntorch, _step_snntorch, _reset_snntorch,
+                          _voltage_snntorch),
+    "norse": Simulator("norse", "norse", _load_norse, _step_norse, lambda net: None, _voltage_norse),
 }
 
 
