@@ -29,7 +29,7 @@ def main() -> int:
     import yaml
 
     from neurofed.config import DEFAULTS
-    from neurofed.deploy.lava_graph import hardware_use
+    from neurofed.deploy.constraints import hardware_use
     from neurofed.models import build_model
 
     totals = {}

@@ -9,7 +9,8 @@ import torch
 
 from neurofed.config import DEFAULTS
 from neurofed.deploy import DeployError
-from neurofed.deploy.lava_graph import build_graph, hardware_use, simulate_graph
+from neurofed.deploy.constraints import hardware_use
+from neurofed.deploy.lava_graph import build_graph, simulate_graph
 from neurofed.deploy.lava_run import torch_reference
 from neurofed.models.snn import SpikingNet
 from neurofed.models.spec import Layer, resolve

@@ -329,3 +329,29 @@ def check_model(model, profile=DEFAULT_PROFILE, timesteps: int = 32) -> Constrai
     if npc and cpc and chips and total_neurons > npc * cpc * chips:
         flag(board or "neurons_per_core", f"{total_neurons:,} neurons exceed {int(npc * cpc * chips):,} on {int(chips)} chip(s)")
     return report
+
+
+def hardware_use(model, profile=None, timesteps: int = 32) -> dict:
+    """Cores and chips the residual Lava graph (:mod:`neurofed.deploy.lava_graph`) needs on ``profile`` (default loihi2): per spiking layer
+    the constraint check's neurons and synapses (a join's shortcut synapses added), each
+    layer on whole cores."""
+    from neurofed.models.residual import ResidualJoin
+
+    prof = load_profile(profile or DEFAULT_PROFILE)
+    lim = {k: (v.value if (v := prof.get(k)) else None) for k in ("neurons_per_core", "synapses_per_core",
+                                                                    "cores_per_chip")}
+    rows = []
+    for layer, block in zip(model.layers, model.blocks):
+        if not layer.has_neurons:
+            continue
+        use = _layer_use(len(rows), layer, block, timesteps)
+        if isinstance(block, ResidualJoin):
+            use.fan_in += block.shortcut.in_channels if block.shortcut is not None else 1
+            use.synapses = use.neurons * use.fan_in
+        use.cores = max(1, math.ceil(use.neurons / lim["neurons_per_core"]) if lim["neurons_per_core"] else 1,
+                        math.ceil(use.synapses / lim["synapses_per_core"]) if lim["synapses_per_core"] else 1)
+        rows.append(use)
+    cores = sum(r.cores for r in rows)
+    cpc = lim["cores_per_chip"]
+    return {"profile": prof.name, "cores": cores, "chips": math.ceil(cores / cpc) if cpc else None,
+            "neurons": sum(r.neurons for r in rows), "synapses": sum(r.synapses for r in rows), "layers": rows}

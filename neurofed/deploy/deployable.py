@@ -35,6 +35,20 @@ CURRENT_SCALE = 64  # SLAYER's current units per 1.0 (its neurons' s_scale): the
 FACTORIZED_OPTIONS = ("block", "full_in", "full_out", "bank_fraction", "group_fraction")
 
 
+def fresh_copy(model: nn.Module) -> nn.Module:
+    """A new model with ``model``'s parameters and buffers and the 8-bit hook on
+    (weights leave as they run on Loihi even if training did without the hook)."""
+    model_cfg = getattr(model, "model_cfg", None)
+    if model_cfg is None:
+        raise DeployError(f"{type(model).__name__} has no model_cfg; build it with neurofed.models.build_model")
+    quantize = model_cfg.get("quantize") or True  # a QAT model keeps its grid (neurofed.models.quantize)
+    copy = type(model)(model.layers, {**model_cfg, "quantize": quantize},
+                       logit_scale=getattr(model, "logit_scale", 1.0))
+    copy.load_state_dict(model.state_dict())
+    return copy.eval()
+
+
+
 def _synapse_weight(synapse: nn.Module) -> torch.Tensor:
     from neurofed.deploy.constraints import effective_weight
 
@@ -105,7 +119,6 @@ def deployable_copy(model, bias_on_current_ok: bool = False) -> nn.Module:
     docstring); ``model`` is untouched. Raises DeployError for what cannot be folded.
     ``bias_on_current_ok``: the target adds a bias to the current as SLAYER does (NIR's
     synapse bias), so batch norm folds for any current decay (Lava's voltage bias needs 1)."""
-    from neurofed.deploy.export import fresh_copy
     from neurofed.models.norm import ChannelBatchNorm
     from neurofed.models.residual import ResidualJoin
     from neurofed.models.snn import AnalogGlobalPool, SpikingNet

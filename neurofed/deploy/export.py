@@ -25,7 +25,9 @@ import torch
 from neurofed.deploy import DeployError
 from neurofed.deploy.constraints import DEFAULT_PROFILE, ConstraintReport, check_model
 from neurofed.deploy.lava_plan import graded_state_warning, plan_for
+from neurofed.deploy.deployable import fresh_copy  # noqa: F401  (imported from here by callers)
 from neurofed.deploy.lava_readout import scale_first_threshold, write_voltage_layer
+from neurofed.deploy.netx_entries import write_bias, write_pool
 
 NET_FILE = "model.net"
 FORMAT = "neurofed-netx-1"
@@ -124,75 +126,6 @@ def load_global_model(run_dir: str | Path, dataset=None, model_round: str | int 
     return RunModel(model, cfg, ds, int(state.get("round", 0)))
 
 
-def fresh_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A new model with ``model``'s parameters and buffers and the 8-bit hook on
-    (weights leave as they run on Loihi even if training did without the hook)."""
-    model_cfg = getattr(model, "model_cfg", None)
-    if model_cfg is None:
-        raise DeployError(f"{type(model).__name__} has no model_cfg; build it with neurofed.models.build_model")
-    quantize = model_cfg.get("quantize") or True  # a QAT model keeps its grid (neurofed.models.quantize)
-    copy = type(model)(model.layers, {**model_cfg, "quantize": quantize},
-                       logit_scale=getattr(model, "logit_scale", 1.0))
-    copy.load_state_dict(model.state_dict())
-    return copy.eval()
-
-
-# Lava's CPU conv model stores ``groups`` as int8 (lava.proc.conv.models, lava-nc
-# 0.10): 128 groups wrap to -128 and the layer goes silent without an error.
-MAX_LAVA_GROUPS = 127
-
-
-def pool_groups(channels: int) -> int:
-    """Conv groups for a pool over ``channels``: depthwise (= channels) when Lava can
-    hold it, else the largest divisor of ``channels`` up to :data:`MAX_LAVA_GROUPS`."""
-    return max(g for g in range(1, min(channels, MAX_LAVA_GROUPS) + 1) if channels % g == 0)
-
-
-def pool_as_conv_weight(pool_weight: np.ndarray, channels: int, groups: int) -> np.ndarray:
-    """(channels, channels/groups, k, k) conv weight that pools every channel on its own:
-    output channel o sees only input channel o (position o mod group size in its group)."""
-    size = channels // groups
-    weight = np.zeros((channels, size, *pool_weight.shape[-2:]), dtype=pool_weight.dtype)
-    out = np.arange(channels)
-    weight[out, out % size] = pool_weight.reshape(pool_weight.shape[-2:])
-    return weight
-
-
-def write_bias(block, group: h5py.Group, index: int) -> None:
-    """The block's folded batch-norm shift (:mod:`neurofed.deploy.deployable`) as netx's
-    ``bias`` entry: one integer per output channel (netx broadcasts it over the map)."""
-    from neurofed.deploy.deployable import integer_bias
-    from neurofed.deploy.lava_readout import check_bias
-
-    bias = integer_bias(block.synapse) if getattr(block, "synapse", None) is not None else None
-    if bias is None:
-        return
-    bias = bias.cpu().numpy().astype(np.int32)
-    check_bias(bias, f"layer {index}")
-    group.create_dataset("bias", data=bias)
-
-
-def _write_pool(block, group: h5py.Group, layer) -> None:
-    """A SLAYER Pool block as a grouped conv netx can load (exact; depthwise up to 127
-    channels, see :func:`pool_groups`)."""
-    c = layer.in_shape[0]
-    groups = pool_groups(c)
-    syn = block.synapse
-    w = syn.pre_hook_fx(syn.weight, descale=True).reshape(syn.weight.shape[:-1]).detach().cpu().numpy()
-    group.create_dataset("type", (1,), "S10", [b"conv"])
-    group.create_dataset("shape", data=np.array(layer.out_shape))
-    group.create_dataset("inChannels", data=c)
-    group.create_dataset("outChannels", data=c)
-    group.create_dataset("kernelSize", data=np.array(syn.kernel_size[:-1]))
-    group.create_dataset("stride", data=np.array(syn.stride[:-1]))
-    group.create_dataset("padding", data=np.array(syn.padding[:-1]))
-    group.create_dataset("dilation", data=np.array(syn.dilation[:-1]))
-    group.create_dataset("groups", data=groups)
-    group.create_dataset("weight", data=pool_as_conv_weight(w, c, groups))
-    for key, value in block.neuron.device_params.items():
-        group.create_dataset(f"neuron/{key}", data=value)
-
-
 def export_model(model: torch.nn.Module, path: str | Path, meta: dict | None = None,
                  profile=DEFAULT_PROFILE, timesteps: int = 32, check: bool = True,
                  encoding: str = "rate") -> ConstraintReport:
@@ -229,7 +162,7 @@ def export_model(model: torch.nn.Module, path: str | Path, meta: dict | None = N
         for i, (layer, block) in enumerate(zip(copy.layers, copy.blocks), start=1):
             group = layers.create_group(str(i))
             if layer.kind == "pool":
-                _write_pool(block, group, layer)
+                write_pool(block, group, layer)
             elif copy.is_voltage_layer(i - 1):
                 write_voltage_layer(block, group)
             else:
@@ -353,7 +286,7 @@ def _record_residual(run_dir: Path, deployable, profile, data: dict, rnd: int, q
     (:mod:`neurofed.deploy.lava_graph`)."""
     from dataclasses import asdict
 
-    from neurofed.deploy.lava_graph import hardware_use
+    from neurofed.deploy.constraints import hardware_use
 
     use = hardware_use(deployable, profile, timesteps=data["timesteps"])
     record = {**use, "layers": [asdict(r) for r in use["layers"]], "round": int(rnd),

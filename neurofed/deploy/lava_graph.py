@@ -16,19 +16,17 @@ The result has the interface :func:`neurofed.deploy.lava_run._stream` drives (``
 ``inp``, ``create_runtime``, ``run``, ``stop``), so samples stream and spikes are counted
 per layer exactly as for a netx file.
 
-:func:`hardware_use` sizes the graph on a hardware profile: the constraint check's
+:func:`neurofed.deploy.constraints.hardware_use` sizes the graph on a hardware profile: the constraint check's
 per-layer use (:mod:`neurofed.deploy.constraints`), a join's fan-in and synapses counting
 its shortcut's too.
 """
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import h5py
 import numpy as np
-from torch import nn
 
 from neurofed.deploy import DeployError
 
@@ -54,13 +52,13 @@ def _entry(root: h5py.Group, index: int, layer, block, voltage: bool) -> h5py.Gr
     """Layer ``index`` as ``neurofed export`` writes it (a join: its 3×3 synapse and neuron),
     with its bias (folded batch norm) where it has one."""
     from neurofed.compat import slayer
-    from neurofed.deploy.export import _write_pool, write_bias
+    from neurofed.deploy.netx_entries import write_bias, write_pool
     from neurofed.deploy.lava_readout import write_voltage_layer
     from neurofed.models.residual import ResidualJoin
 
     group = root.create_group(str(index))
     if layer.kind == "pool":
-        _write_pool(block, group, layer)
+        write_pool(block, group, layer)
     elif voltage:
         write_voltage_layer(block, group)
     elif isinstance(block, ResidualJoin):
@@ -177,7 +175,7 @@ def simulate_graph(model, spikes: np.ndarray, seed: int, backend: str = "fixed_p
     instead of read from ``model.net`` (``model``: a deployable copy): (SpikeStats, timing).
     ``plan``: :func:`neurofed.deploy.lava_plan.plan_for` of ``model`` (default: binary input)."""
     from neurofed.deploy.lava_plan import plan_for
-    from neurofed.deploy.lava_run import _stream, run_config
+    from neurofed.deploy.lava_stream import _stream, run_config
 
     run_cfg = run_config(backend)
     plan = plan or plan_for(model, spikes.shape[-1])  # binary input; each layer's lag as in a model.net
@@ -186,30 +184,3 @@ def simulate_graph(model, spikes: np.ndarray, seed: int, backend: str = "fixed_p
                           "the simulator's neurons but not a chip's; use --backend fixed_pt")
     net = build_graph(model, plan.window, input_bits=plan.input_bits)
     return _stream(net, spikes, seed, backend, run_cfg, progress, chunk, plan)
-
-
-def hardware_use(model, profile=None, timesteps: int = 32) -> dict:
-    """Cores and chips the graph needs on ``profile`` (default loihi2): per spiking layer
-    the constraint check's neurons and synapses (a join's shortcut synapses added), each
-    layer on whole cores."""
-    from neurofed.deploy.constraints import DEFAULT_PROFILE, _layer_use, load_profile
-    from neurofed.models.residual import ResidualJoin
-
-    prof = load_profile(profile or DEFAULT_PROFILE)
-    lim = {k: (v.value if (v := prof.get(k)) else None) for k in ("neurons_per_core", "synapses_per_core",
-                                                                    "cores_per_chip")}
-    rows = []
-    for layer, block in zip(model.layers, model.blocks):
-        if not layer.has_neurons:
-            continue
-        use = _layer_use(len(rows), layer, block, timesteps)
-        if isinstance(block, ResidualJoin):
-            use.fan_in += block.shortcut.in_channels if block.shortcut is not None else 1
-            use.synapses = use.neurons * use.fan_in
-        use.cores = max(1, math.ceil(use.neurons / lim["neurons_per_core"]) if lim["neurons_per_core"] else 1,
-                        math.ceil(use.synapses / lim["synapses_per_core"]) if lim["synapses_per_core"] else 1)
-        rows.append(use)
-    cores = sum(r.cores for r in rows)
-    cpc = lim["cores_per_chip"]
-    return {"profile": prof.name, "cores": cores, "chips": math.ceil(cores / cpc) if cpc else None,
-            "neurons": sum(r.neurons for r in rows), "synapses": sum(r.synapses for r in rows), "layers": rows}

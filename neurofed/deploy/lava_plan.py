@@ -103,11 +103,6 @@ def graded_state_warning(first_layer_current: float, data_cfg: dict, bits: int =
             f"(`neurofed lava` reports any differing spike)")
 
 
-def unlagged_plan(model, timesteps: int) -> LavaPlan:
-    """Every layer counted from step j + 1 of torch's own window: how the NIR runs count."""
-    return LavaPlan(int(timesteps), (0,) * len(model.neurons_per_layer), None, False)
-
-
 def check_encoding(data_cfg: dict) -> None:
     if data_cfg["encoding"] not in ENCODINGS:
         raise DeployError(f"data.encoding: got {data_cfg['encoding']!r}; Lava runs take {', '.join(ENCODINGS)}")

@@ -262,7 +262,7 @@ def node_names(model) -> list[tuple[str, str | None]]:
 def to_nir(model, dt: float = STEP_SECONDS, meta: dict | None = None):
     """The NIR graph of ``model`` (refuses what NIR cannot hold, :func:`nir_problems`)."""
     nir = _nir()
-    from neurofed.deploy.export import pool_as_conv_weight
+    from neurofed.deploy.netx_entries import pool_as_conv_weight
 
     problems = nir_problems(model)
     if problems:
@@ -394,7 +394,6 @@ def export_nir_run(run_dir: str | Path, quiet: bool = False, model_round: str | 
     return path
 
 
-from neurofed.deploy.nir_energy import synaptic_ops  # noqa: E402  (its home before; nir_energy imports us lazily)
 
 __all__ = ["NIR_FILE", "STEP_SECONDS", "nir_model", "nir_problems", "cuba_lif_params", "readout_params", "to_nir", "write_nir", "read_nir",
-           "graph_meta", "node_names", "synaptic_ops", "export_nir_run"]
+           "graph_meta", "node_names", "export_nir_run"]

@@ -1,0 +1,64 @@
+"""netx layer entries that SLAYER's own ``export_hdf5`` does not write: pools as grouped
+convolutions and folded batch-norm biases (``neurofed export`` and the residual Lava graph
+write the same entries)."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+
+
+# Lava's CPU conv model stores ``groups`` as int8 (lava.proc.conv.models, lava-nc
+# 0.10): 128 groups wrap to -128 and the layer goes silent without an error.
+MAX_LAVA_GROUPS = 127
+
+
+def pool_groups(channels: int) -> int:
+    """Conv groups for a pool over ``channels``: depthwise (= channels) when Lava can
+    hold it, else the largest divisor of ``channels`` up to :data:`MAX_LAVA_GROUPS`."""
+    return max(g for g in range(1, min(channels, MAX_LAVA_GROUPS) + 1) if channels % g == 0)
+
+
+def pool_as_conv_weight(pool_weight: np.ndarray, channels: int, groups: int) -> np.ndarray:
+    """(channels, channels/groups, k, k) conv weight that pools every channel on its own:
+    output channel o sees only input channel o (position o mod group size in its group)."""
+    size = channels // groups
+    weight = np.zeros((channels, size, *pool_weight.shape[-2:]), dtype=pool_weight.dtype)
+    out = np.arange(channels)
+    weight[out, out % size] = pool_weight.reshape(pool_weight.shape[-2:])
+    return weight
+
+
+def write_bias(block, group: h5py.Group, index: int) -> None:
+    """The block's folded batch-norm shift (:mod:`neurofed.deploy.deployable`) as netx's
+    ``bias`` entry: one integer per output channel (netx broadcasts it over the map)."""
+    from neurofed.deploy.deployable import integer_bias
+    from neurofed.deploy.lava_readout import check_bias
+
+    bias = integer_bias(block.synapse) if getattr(block, "synapse", None) is not None else None
+    if bias is None:
+        return
+    bias = bias.cpu().numpy().astype(np.int32)
+    check_bias(bias, f"layer {index}")
+    group.create_dataset("bias", data=bias)
+
+
+def write_pool(block, group: h5py.Group, layer) -> None:
+    """A SLAYER Pool block as a grouped conv netx can load (exact; depthwise up to 127
+    channels, see :func:`pool_groups`)."""
+    c = layer.in_shape[0]
+    groups = pool_groups(c)
+    syn = block.synapse
+    w = syn.pre_hook_fx(syn.weight, descale=True).reshape(syn.weight.shape[:-1]).detach().cpu().numpy()
+    group.create_dataset("type", (1,), "S10", [b"conv"])
+    group.create_dataset("shape", data=np.array(layer.out_shape))
+    group.create_dataset("inChannels", data=c)
+    group.create_dataset("outChannels", data=c)
+    group.create_dataset("kernelSize", data=np.array(syn.kernel_size[:-1]))
+    group.create_dataset("stride", data=np.array(syn.stride[:-1]))
+    group.create_dataset("padding", data=np.array(syn.padding[:-1]))
+    group.create_dataset("dilation", data=np.array(syn.dilation[:-1]))
+    group.create_dataset("groups", data=groups)
+    group.create_dataset("weight", data=pool_as_conv_weight(w, c, groups))
+    for key, value in block.neuron.device_params.items():
+        group.create_dataset(f"neuron/{key}", data=value)
