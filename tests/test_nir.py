@@ -17,7 +17,8 @@ from neurofed.config import DEFAULTS
 from neurofed.deploy import DeployError
 from neurofed.deploy.lava_run import input_spikes, torch_reference
 from neurofed.deploy.nir_export import (STEP_SECONDS, cuba_lif_params, graph_meta, nir_problems, node_names,
-                                        read_nir, synaptic_ops, to_nir, write_nir)
+                                        read_nir, to_nir, write_nir)
+from neurofed.deploy.nir_energy import synaptic_ops
 from neurofed.deploy.nir_run import simulate
 from neurofed.deploy.nir_simulators import SIMULATORS
 from neurofed.models import build_model, model_names
