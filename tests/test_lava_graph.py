@@ -167,3 +167,25 @@ def test_the_graph_runs_over_parallel_workers_too():
     code = "import test_lava_graph as t; t.graph_over_two_workers()"
     done = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_residual_run_ends_with_its_lava_check_on_the_graph(tmp_path, tiny_cfg):
+    """`neurofed run` of a ResNet-18 as the SFedHIFI presets train it (batch norm, analog
+    global pool, voltage readout, direct input, no per-layer delay, full current decay):
+    export records the graph's hardware use (no netx file) and the Lava check runs the graph."""
+    import json
+
+    from neurofed.pipeline import run
+
+    out = tmp_path / "run"
+    cfg = tiny_cfg(export=True, **{"lava.samples": 3, "data.encoding": "direct", "data.timesteps": 3,
+                                   "model.name": "hifi_resnet18", "model.width": 0.0625, "model.norm": "batch",
+                                   "model.global_pool": "analog", "model.readout": "voltage",
+                                   "model.current_decay": 1.0, "model.delay_shift": False, "model.quantize": False,
+                                   "model.init": "slayer", "energy.enabled": False})
+    summary = run(cfg, out, progress=False)
+    assert {k: v["status"] for k, v in summary["after_training"].items()} == {"export": "ok", "lava": "ok"}
+    assert not (out / "model.net").exists() and json.loads((out / "hardware.json").read_text())["cores"] > 0
+    result = json.loads((out / "lava.json").read_text())
+    assert result["spike_for_spike"] and result["agreement"] == 1.0 and result["readout"] == "voltage"
+    assert len(result["layer_kinds"]) == 18  # stem, 16 block layers, readout: the analog pool folded into it
