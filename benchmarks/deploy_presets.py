@@ -1,0 +1,347 @@
+"""The papers' networks on the chip: each preset trained at reduced scale with ``neurofed run``,
+whose pipeline ends with the netx export and the Lava check (the presets' ``export: true``,
+``lava: {samples: 100}``), one table row per preset.
+
+Per row: the run's final test accuracy (summary.json); on the Lava check's 100 test samples
+the trained (float) model's accuracy, the exported 8-bit network's in torch and in Lava,
+the prediction agreement Lava vs torch and which layers' spikes are identical (lava.json);
+Lava's samples/s and workers; the Loihi 2 cores at the trained width (hardware.json) and at
+full width (shapes only: ``neurofed.deploy.lava_graph.hardware_use``, as
+benchmarks/resnet_cores.py). A row whose model ``neurofed run`` refuses to export says
+"refused: <reason>" (checked before training with the pipeline's own structure check, so
+no one trains for a refusal; ``--no-precheck`` runs it anyway). Stand-in rows
+(``neurofed.data.standins``) say that a network deploys, never what a paper's table shows.
+
+    python benchmarks/deploy_presets.py                        # every row, one run at a time
+    python benchmarks/deploy_presets.py --only fedsnn_cifar10_iid --save
+    python benchmarks/deploy_presets.py --report               # README.md from results.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [p for p in (str(ROOT), str(ROOT / "benchmarks")) if p not in sys.path]
+from common import Report, machine_header  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "deploy_presets"
+MNIST = "/work/shared/data/mnist"  # the publisher's idx.gz files (see its README)
+COMMON = ["energy.enabled=false", "federation.target_accuracy=null"]  # energy: not this table's question
+
+# preset -> (data note, overrides, what was reduced). Settings from tests/test_presets.py's LEARNS
+# and benchmarks/preset_learning.py's SCALE, each a few minutes on 2 shared cores.
+ROWS = {
+    "sfedca_mnist_dir03": ("MNIST (real files)", [
+        f"data.root={MNIST}", "data.train_subset=6000", "data.test_subset=1000", "partition.num_clients=10",
+        "federation.clients_per_round=2", "algorithm.candidates=4", "federation.local_epochs=1",
+        "federation.rounds=8"], "clients 100 -> 10, candidates 10 -> 4, rounds 300 -> 8, local epochs 5 -> 1, "
+        "6,000 train / 1,000 test samples; full width"),
+    "fedlec_cifar10_iid": ("stand-in CIFAR-10", [
+        "data.name=standin_cifar10", "data.test_subset=200", "model.width=0.125", "partition.num_clients=2",
+        "federation.clients_per_round=2", "federation.local_epochs=3", "federation.rounds=5"],
+        "width 1.0 -> 0.125, rounds 50 -> 5, local epochs 10 -> 3, 2 clients, all 1,347 train / 200 test"),
+    "fedsnn_cifar10_iid": ("stand-in CIFAR-10", [
+        "data.name=standin_cifar10", "data.train_subset=400", "data.test_subset=200", "model.width=0.125",
+        "partition.num_clients=2", "federation.clients_per_round=2", "federation.local_epochs=2",
+        "federation.rounds=5", "model.quantize=4"], "width 1.0 -> 0.125, clients 100 -> 2, rounds 100 -> 5, "
+        "local epochs 5 -> 2, 400 train / 200 test; model.quantize false -> 4 (float rounds 1-3, then training "
+        "on export's 8-bit grid, so *float* is the 8-bit model): with float weights throughout, the firing init "
+        "at width 0.125 already puts layer 4's (conv 16x16x16) integer weights at -342..340, beyond netx's "
+        "-256..254, and the export refuses them (4 rounds, 2026-11-27: 12 -> 20.5 %, export refused); with "
+        "quantize 1 (the grid from the start) 4 rounds reached only 14.5 % (Lava 15 % on 100, agreement 100 %; "
+        "its stock-vs-im2col timing, load 6 to 21: 0.746 vs 3.38 samples/s, 4.54x)"),
+    "sfedhifi_fashion_mnist_iid": ("stand-in Fashion-MNIST", [
+        "data.name=standin_fashion_mnist", "data.train_subset=600", "data.test_subset=200",
+        "partition.num_clients=4", "federation.clients_per_round=4", "algorithm.widths=[0.5, 1.0]",
+        "algorithm.fusion_until=null", "federation.local_epochs=2", "federation.rounds=4"],
+        "widths [0.25 .. 1.0] -> [0.5, 1.0] (exported: 1.0), clients 10 -> 4, rounds 500 -> 4, 600 train / 200 test"),
+    "sfedhifi_cifar10_iid": ("stand-in CIFAR-10", [
+        "data.name=standin_cifar10", "data.test_subset=200", "export=true", "lava.samples=100",
+        "model.width=0.125", "algorithm.widths=[0.0312, 0.0625, 0.0938, 0.125]", "partition.num_clients=4",
+        "federation.clients_per_round=4", "federation.local_epochs=2", "federation.rounds=12"],
+        "widths x0.125 (exported: 0.125), clients 10 -> 4, rounds 500 -> 12, all 1,347 train / 200 test; "
+        "export and Lava switched on (the preset has export: false)"),
+}
+# full-width sizing as a chip would map it (benchmarks/resnet_cores.py): spiking pool and readout, no norm
+MAPPED = {"global_pool": "spikes", "readout": "spikes", "norm": "none"}
+
+
+def config(preset: str, overrides: list[str]) -> dict:
+    from neurofed.config import load_config
+    from neurofed.presets import presets
+
+    return load_config(presets()[preset], overrides=overrides)
+
+
+def refusal(cfg: dict) -> str | None:
+    """What ``neurofed run``'s plan (neurofed.pipeline) says about exporting this config's model."""
+    from neurofed.deploy.constraints import structure_problems
+    from neurofed.models import build_model
+
+    shape, classes = input_of(cfg)
+    problems = structure_problems(build_model(cfg["model"], shape, classes, cfg["federation"]["logit_scale"]))
+    return None if not problems else problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+
+
+def input_of(cfg: dict) -> tuple[tuple, int]:
+    from neurofed.data.standins import STANDINS
+
+    name = cfg["data"]["name"]
+    paper = STANDINS[name][0] if name in STANDINS else name
+    return {"mnist": ((1, 28, 28), 10), "fashion_mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10)}[paper]
+
+
+def full_width_cores(cfg: dict) -> dict:
+    """Loihi 2 cores of the preset's net at width 1.0 (shapes only; no training)."""
+    from neurofed.deploy.lava_graph import hardware_use
+    from neurofed.models import build_model
+
+    shape, classes = input_of(cfg)
+    model_cfg = {**cfg["model"], "width": 1.0}
+    mapped = refusal(cfg) is not None  # a net netx refuses today: sized as it would be mapped
+    if mapped:
+        model_cfg.update(MAPPED)
+    use = hardware_use(build_model(model_cfg, shape, classes), timesteps=cfg["data"]["timesteps"])
+    return {"cores": use["cores"], "chips": use["chips"], "neurons": use["neurons"], "as_mapped": mapped}
+
+
+def neurofed(args: list[str], env: dict | None = None, timeout: float = 3600) -> tuple[int, str, float]:
+    cmd = [sys.executable, "-m", "neurofed.cli", *args]
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    return res.returncode, (res.stdout + res.stderr).strip(), time.perf_counter() - t0
+
+
+def one_line(text: str) -> str:
+    lines = [l for l in text.splitlines() if l.strip()]
+    return lines[-1].strip() if lines else "no output"
+
+
+def run_row(preset: str, out: Path, args, rep: Report) -> dict:
+    data, over, reduced = ROWS[preset]
+    over = [*over, *COMMON]
+    cfg = config(preset, over)
+    command = f"neurofed run {preset} " + " ".join(f"--set '{o}'" for o in over)
+    row = {"preset": preset, "data": data, "model": cfg["model"]["name"], "width": cfg["model"]["width"],
+           "T": cfg["data"]["timesteps"], "encoding": cfg["data"]["encoding"], "reduced": reduced,
+           "overrides": over, "command": command, "date": time.strftime("%Y-%m-%d %H:%M"),
+           "load": [round(x, 2) for x in os.getloadavg()]}
+    try:
+        row["full_width"] = full_width_cores(cfg)
+    except Exception as exc:  # a sizing that fails must not lose the row
+        row["full_width"] = {"error": f"{type(exc).__name__}: {exc}"}
+    if args.precheck and (why := refusal(cfg)):
+        rep.emit(f"{preset}: refused before training: {why}")
+        return {**row, "status": f"refused: {why}"}
+    run_dir = out / preset
+    shutil.rmtree(run_dir, ignore_errors=True)
+    rep.emit(f"{preset}: {command} --out {run_dir}")
+    rc, text, wall = neurofed(["run", preset, "--out", str(run_dir), "--quiet",
+                               *[a for o in over for a in ("--set", o)]], timeout=args.timeout)
+    row["run_wall_s"] = round(wall, 1)
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {**row, "status": f"failed: exit {rc}: {one_line(text)}"}
+    history = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    row.update(accuracy_per_round=[round(h["accuracy"], 4) for h in history],
+               final_accuracy=summary["final_accuracy"], dataset=summary["dataset"])
+    after = summary.get("after_training", {})
+    bad = next(((k, r) for k, r in after.items() if k in ("export", "lava") and r.get("status") != "ok"), None)
+    if bad:
+        status = bad[1].get("status")
+        why = bad[1].get("reason") or str(bad[1].get("error", "")).splitlines()[0]
+        return {**row, "status": f"{status}: {why}"}
+    hw = json.loads((run_dir / "hardware.json").read_text())
+    lava = json.loads((run_dir / "lava.json").read_text())
+    row.update(status="ok", cores=hw["cores"], chips=hw["chips"], hw_profile=hw["profile"],
+               **{k: lava[k] for k in ("samples", "trained_accuracy", "torch_accuracy", "accuracy", "agreement",
+                                       "trained_agreement", "spike_for_spike", "layer_kinds",
+                                       "layer_raster_agreement", "layer_count_agreement", "samples_per_s",
+                                       "compile_s", "run_s", "conv_model", "lava_window", "readout")},
+               lava_workers=lava.get("workers"), lava_machine=lava.get("machine"))
+    if "workers" not in lava:  # lava.json of this version does not record it: the pipeline's default
+        from neurofed.deploy.lava_shards import usable_cores
+
+        row["lava_workers"] = min(usable_cores(), lava["samples"])
+    if preset == args.stock_compare:
+        row["conv_speed"] = conv_speed(run_dir, rep)
+    rep.emit(line(row))
+    return row
+
+
+def conv_speed(run_dir: Path, rep: Report) -> dict:
+    """``neurofed lava RUN --samples 10 --workers 1`` with Lava's stock Conv model and with
+    neurofed's im2col one (the default), on the same run dir; the 100-sample lava.json is kept."""
+    keep = run_dir / "lava.json"
+    saved = keep.read_bytes()
+    res = {}
+    try:
+        for name, extra in (("stock", ["--stock-conv"]), ("im2col", [])):
+            rc, text, wall = neurofed(["lava", str(run_dir), "--samples", "10", "--workers", "1", "--quiet", *extra])
+            if rc != 0:
+                res[name] = {"error": one_line(text)}
+                continue
+            r = json.loads(keep.read_text())
+            shutil.copy(keep, run_dir / f"lava_10_{name}.json")
+            res[name] = {"samples_per_s": r["samples_per_s"], "run_s": r["run_s"], "compile_s": r["compile_s"],
+                         "agreement": r["agreement"], "spike_for_spike": r["spike_for_spike"], "wall_s": round(wall, 1),
+                         "conv_model": r.get("conv_model")}
+            rep.emit(f"  lava --samples 10 --workers 1{' --stock-conv' if extra else ''}: "
+                     f"{r['samples_per_s']:.3g} samples/s (run {r['run_s']:.1f} s, compile {r['compile_s']:.1f} s, "
+                     f"spike-for-spike {r['spike_for_spike']})")
+    finally:
+        keep.write_bytes(saved)
+    if all("samples_per_s" in v for v in res.values()):
+        res["ratio"] = round(res["im2col"]["samples_per_s"] / res["stock"]["samples_per_s"], 2)
+        rep.emit(f"  im2col / stock: {res['ratio']}x")
+    return res
+
+
+def pct(x) -> str:
+    return "" if x is None else f"{100 * x:.0f}%"
+
+
+def identical_layers(row: dict) -> str:
+    """Layers whose raster equals torch's in every sample (lava.json's layer_raster_agreement)."""
+    flags = row["layer_raster_agreement"]
+    same = [j for j, a in enumerate(flags) if a == 1.0]
+    if len(same) == len(flags):
+        return f"all {len(flags)}"
+    return f"{len(same)} of {len(flags)}; differ: " + ", ".join(
+        f"{j}:{row['layer_kinds'][j]} ({pct(a)} of samples)" for j, a in enumerate(flags) if a != 1.0)
+
+
+def line(row: dict) -> str:
+    if row["status"] != "ok":
+        return f"{row['preset']}: {row['status']}"
+    return (f"{row['preset']}: final test {pct(row['final_accuracy'])}; on {row['samples']} samples float "
+            f"{pct(row['trained_accuracy'])}, 8-bit {pct(row['torch_accuracy'])}, Lava {pct(row['accuracy'])}, "
+            f"agreement {pct(row['agreement'])}, identical layers {identical_layers(row)}; "
+            f"{row['samples_per_s']:.3g} samples/s on {row['lava_workers']} worker(s); "
+            f"{row['cores']} cores ({row['chips']} chip(s))")
+
+
+def table(rows: list[dict], header: str) -> str:
+    out = ["# The papers' networks on the chip (reduced scale; Lava's CPU simulator)", "",
+           "`python benchmarks/deploy_presets.py --save` (one row: `--only NAME --save`). Each row is one "
+           "`neurofed run` of the preset with the overrides below; its pipeline ends with the netx export and "
+           "the Lava check on 100 test samples (`lava.json`, `hardware.json`). Rows on **stand-in** data "
+           "(`neurofed.data.standins`, made of the 8x8 digits) show that the network trains, exports and runs "
+           "on Lava; their accuracies are **not** the papers' numbers. Only sfedca_mnist_dir03 uses real "
+           "data (MNIST, the publisher's files), and at a fraction of the paper's scale.", "",
+           "```", header, "```", "",
+           "Columns: *final*: the run's last-round test accuracy (summary.json, its test subset); on the same "
+           "100 test samples and input spikes: *float* the model as trained, *8-bit* the exported network in "
+           "torch, *Lava* the exported network on Lava fixed_pt, *agree* Lava vs 8-bit torch predictions; "
+           "*identical layers*: layers whose spike raster equals torch's in every sample; *samples/s*: Lava "
+           "run time only (compile excluded), Lava's Conv on neurofed's im2col model; *cores*: Loihi 2 "
+           "(hw_profiles/loihi2.yaml) at the trained width / at full width (shapes only). The 2 cores are shared "
+           "with other jobs: each row gives its load average; its times and samples/s move with it.", "",
+           "| preset | data | model (width) | T | final | float | 8-bit | Lava | agree | identical layers "
+           "| samples/s (workers) | cores trained / full width | run s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        fw = r.get("full_width", {})
+        full = (f"{fw['cores']} ({fw['chips']} chip{'s' * (fw['chips'] != 1)}){' as mapped' if fw.get('as_mapped') else ''}"
+                if "cores" in fw else "?")
+        model = f"{r['model']} ({r['width']})"
+        if r["status"] != "ok":
+            out.append(f"| {r['preset']} | {r['data']} | {model} | {r['T']} | {pct(r.get('final_accuracy'))} | "
+                       f"| | | | **{r['status']}** | | – / {full} | {r.get('run_wall_s', '')} |")
+            continue
+        out.append(f"| {r['preset']} | {r['data']} | {model} | {r['T']} | {pct(r['final_accuracy'])} | "
+                   f"{pct(r['trained_accuracy'])} | {pct(r['torch_accuracy'])} | {pct(r['accuracy'])} | "
+                   f"{pct(r['agreement'])} | {identical_layers(r)} | {r['samples_per_s']:.3g} ({r['lava_workers']}) | "
+                   f"{r['cores']} ({r['chips']} chip{'s' * (r['chips'] != 1)}) / {full} | {r['run_wall_s']} |")
+    out += ["", "## Per row: what was reduced, the command, when", ""]
+    for r in rows:
+        out += [f"- **{r['preset']}** ({r['date']}, load {' '.join(map(str, r['load']))}): {r['reduced']}.",
+                f"  `{r['command']}`"]
+        if r["status"].startswith("refused") and "run_wall_s" not in r:
+            out.append("  Not trained: `neurofed run`'s plan (neurofed.pipeline, the same structure check) refuses "
+                       "the export before training; the row is re-run once the model exports. Full-width cores "
+                       "sized as it would be mapped (benchmarks/resnet_cores.py: spiking pool and readout, batch "
+                       "norm folded).")
+        if r.get("accuracy_per_round"):
+            out.append(f"  Test accuracy per round: {' '.join(f'{a:.2f}' for a in r['accuracy_per_round'])}.")
+        cs = r.get("conv_speed")
+        if cs and "ratio" in cs:
+            out.append(f"  Lava's Conv model, `neurofed lava RUN --samples 10 --workers 1` on the same run dir: "
+                       f"stock (scipy, `--stock-conv`) {cs['stock']['samples_per_s']:.3g} samples/s, im2col "
+                       f"(default) {cs['im2col']['samples_per_s']:.3g} samples/s: **{cs['ratio']}x**; "
+                       f"spike-for-spike with torch: stock {cs['stock']['spike_for_spike']}, im2col "
+                       f"{cs['im2col']['spike_for_spike']}. The pipeline's 100 samples with the default on "
+                       f"{r['lava_workers']} workers: run {r['run_s']:.0f} s + compile {r['compile_s']:.0f} s.")
+    return "\n".join(out) + "\n"
+
+
+def save(rows_new: list[dict], header: str, out: Path = RESULTS) -> None:
+    """Replace (or add) the rows of these presets in results.jsonl; rewrite README.md."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.jsonl"
+    rows = {}
+    if path.is_file():
+        for l in path.read_text().splitlines():
+            if l.strip():
+                r = json.loads(l)
+                rows[r["preset"]] = r
+    for r in rows_new:
+        rows[r["preset"]] = {**r, "machine": header}
+    ordered = [rows[p] for p in ROWS if p in rows]
+    path.write_text("".join(json.dumps(r) + "\n" for r in ordered))
+    headers = list(dict.fromkeys(r["machine"] for r in ordered))
+    (out / "README.md").write_text(table(ordered, "\n\n".join(headers)))
+    print(f"saved {path} and {out / 'README.md'}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help=f"one preset (comma-separated: several); allowed: {', '.join(ROWS)}")
+    ap.add_argument("--out", default=None, help="run dirs (default: a temporary folder, deleted at the end)")
+    ap.add_argument("--save", action="store_true", help="write the rows to benchmarks/results/deploy_presets/")
+    ap.add_argument("--report", action="store_true", help="only rewrite README.md from results.jsonl")
+    ap.add_argument("--no-precheck", dest="precheck", action="store_false",
+                    help="train a preset whose export neurofed run refuses anyway")
+    ap.add_argument("--stock-compare", default="fedsnn_cifar10_iid", metavar="PRESET",
+                    help="the row that also times Lava's stock Conv model against im2col (default fedsnn_cifar10_iid)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds per neurofed run")
+    args = ap.parse_args(argv)
+    if args.report:
+        save([], "")
+        return 0
+    only = args.only.split(",") if args.only else list(ROWS)
+    unknown = [p for p in only if p not in ROWS]
+    if unknown:
+        print(f"deploy_presets: --only {','.join(unknown)}: no such row; allowed: {', '.join(ROWS)}", file=sys.stderr)
+        return 2
+    rep = Report()
+    header = machine_header("deploy_presets") + "\n# command: python benchmarks/deploy_presets.py " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    rep.emit(header)
+    tmp = None if args.out else tempfile.mkdtemp(prefix="neurofed-deploy-")
+    out = Path(args.out or tmp)
+    rows = []
+    try:
+        for preset in only:
+            rows.append(run_row(preset, out, args, rep))
+            if args.save:  # each row as it ends: a stopped table keeps its rows
+                save([rows[-1]], header)
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if all(r["status"] == "ok" or r["status"].startswith("refused") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
