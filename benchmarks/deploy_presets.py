@@ -6,7 +6,7 @@ Per row: the run's final test accuracy (summary.json); on the Lava check's 100 t
 the trained (float) model's accuracy, the exported 8-bit network's in torch and in Lava,
 the prediction agreement Lava vs torch and which layers' spikes are identical (lava.json);
 Lava's samples/s and workers; the Loihi 2 cores at the trained width (hardware.json) and at
-full width (shapes only: ``neurofed.deploy.lava_graph.hardware_use``, as
+full width (shapes only: ``neurofed.deploy.constraints.hardware_use``, as
 benchmarks/resnet_cores.py). A row whose model ``neurofed run`` refuses to export says
 "refused: <reason>" (checked before training with the pipeline's own structure check, so
 no one trains for a refusal; ``--no-precheck`` runs it anyway). Stand-in rows
@@ -65,11 +65,10 @@ ROWS = {
         "algorithm.fusion_until=null", "federation.local_epochs=2", "federation.rounds=4"],
         "widths [0.25 .. 1.0] -> [0.5, 1.0] (exported: 1.0), clients 10 -> 4, rounds 500 -> 4, 600 train / 200 test"),
     "sfedhifi_cifar10_iid": ("stand-in CIFAR-10", [
-        "data.name=standin_cifar10", "data.test_subset=200", "export=true", "lava.samples=100",
+        "data.name=standin_cifar10", "data.test_subset=200",
         "model.width=0.125", "algorithm.widths=[0.0312, 0.0625, 0.0938, 0.125]", "partition.num_clients=4",
         "federation.clients_per_round=4", "federation.local_epochs=2", "federation.rounds=12"],
-        "widths x0.125 (exported: 0.125), clients 10 -> 4, rounds 500 -> 12, all 1,347 train / 200 test; "
-        "export and Lava switched on (the preset has export: false)"),
+        "widths x0.125 (exported: 0.125), clients 10 -> 4, rounds 500 -> 12, all 1,347 train / 200 test"),
 }
 # full-width sizing as a chip would map it (benchmarks/resnet_cores.py): spiking pool and readout, no norm
 MAPPED = {"global_pool": "spikes", "readout": "spikes", "norm": "none"}
@@ -102,7 +101,7 @@ def input_of(cfg: dict) -> tuple[tuple, int]:
 
 def full_width_cores(cfg: dict) -> dict:
     """Loihi 2 cores of the preset's net at width 1.0 (shapes only; no training)."""
-    from neurofed.deploy.lava_graph import hardware_use
+    from neurofed.deploy.constraints import hardware_use
     from neurofed.models import build_model
 
     shape, classes = input_of(cfg)
@@ -110,7 +109,10 @@ def full_width_cores(cfg: dict) -> dict:
     mapped = refusal(cfg) is not None  # a net netx refuses today: sized as it would be mapped
     if mapped:
         model_cfg.update(MAPPED)
-    use = hardware_use(build_model(model_cfg, shape, classes), timesteps=cfg["data"]["timesteps"])
+    from neurofed.deploy.deployable import deployable_copy
+
+    model = build_model(model_cfg, shape, classes)
+    use = hardware_use(model if mapped else deployable_copy(model), timesteps=cfg["data"]["timesteps"])
     return {"cores": use["cores"], "chips": use["chips"], "neurons": use["neurons"], "as_mapped": mapped}
 
 
