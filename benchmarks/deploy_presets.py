@@ -83,12 +83,11 @@ def config(preset: str, overrides: list[str]) -> dict:
 
 def refusal(cfg: dict) -> str | None:
     """What ``neurofed run``'s plan (neurofed.pipeline) says about exporting this config's model."""
-    from neurofed.deploy.constraints import structure_problems
     from neurofed.models import build_model
+    from neurofed.pipeline import export_refusal
 
     shape, classes = input_of(cfg)
-    problems = structure_problems(build_model(cfg["model"], shape, classes, cfg["federation"]["logit_scale"]))
-    return None if not problems else problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+    return export_refusal(build_model(cfg["model"], shape, classes, cfg["federation"]["logit_scale"]))
 
 
 def input_of(cfg: dict) -> tuple[tuple, int]:

@@ -82,14 +82,18 @@ def plan_steps(cfg: dict, exp) -> tuple[list, dict]:
 
 
 def _export_refusal(exp) -> str | None:
-    """Why this run's model cannot be deployed: folded for the chip (batch norm, an analog pool),
-    then held by netx or, with residual joins, by the Lava graph (sizes are checked at export)."""
+    return export_refusal(exp.eval_model)
+
+
+def export_refusal(model) -> str | None:
+    """Why ``model`` cannot be deployed: folded for the chip (batch norm, an analog pool), then
+    held by netx or, with residual joins, by the Lava graph (sizes are checked at export)."""
     from neurofed.deploy import DeployError
     from neurofed.deploy.constraints import structure_problems
     from neurofed.deploy.deployable import deployable_copy, has_residual_joins
 
     try:
-        deployable = deployable_copy(exp.eval_model)
+        deployable = deployable_copy(model)
     except DeployError as exc:
         return str(exc)
     if has_residual_joins(deployable):
