@@ -19,16 +19,21 @@ from test_deploy import random_spikes
 T = {"encoding": "rate", "timesteps": 10, "max_rate": 1.0}
 
 
+def residual_layers(pool: Layer) -> list[Layer]:
+    """Stem conv, an identity-shortcut block, a strided block with a 1x1 shortcut, ``pool``,
+    a dense readout of 5."""
+    return [Layer("conv", 3, kernel=3, padding=1),
+            Layer("conv", 3, kernel=3, padding=1, options={"residual": "open"}),
+            Layer("conv", 3, kernel=3, padding=1, options={"residual": "close", "skip_channels": 3}),
+            Layer("conv", 4, kernel=3, stride=2, padding=1, options={"residual": "open"}),
+            Layer("conv", 4, kernel=3, padding=1, options={"residual": "close", "skip_channels": 3, "skip_stride": 2}),
+            pool, Layer("flatten"), Layer("dense", 5)]
+
+
 def tiny_residual(**cfg) -> SpikingNet:
     """Stem conv, an identity-shortcut block, a strided block with a 1x1 shortcut, a pool
     and a dense readout, on 1x8x8: 7 spiking layers, a few channels."""
-    layers = [Layer("conv", 3, kernel=3, padding=1),
-              Layer("conv", 3, kernel=3, padding=1, options={"residual": "open"}),
-              Layer("conv", 3, kernel=3, padding=1, options={"residual": "close", "skip_channels": 3}),
-              Layer("conv", 4, kernel=3, stride=2, padding=1, options={"residual": "open"}),
-              Layer("conv", 4, kernel=3, padding=1,
-                    options={"residual": "close", "skip_channels": 3, "skip_stride": 2}),
-              Layer("pool", kernel=2, stride=2), Layer("flatten"), Layer("dense", 5)]
+    layers = residual_layers(Layer("pool", kernel=2, stride=2))
     torch.manual_seed(0)
     model = SpikingNet(resolve(layers, (1, 8, 8)), {**DEFAULTS["model"], "threshold": 0.4, **cfg}, logit_scale=10.0)
     with torch.no_grad():  # shortcut weights strong enough that the joins' spikes depend on them
@@ -78,13 +83,7 @@ def test_models_the_graph_cannot_wire_are_refused():
 def sfedhifi_like(**cfg) -> SpikingNet:
     """The ResNet presets' parts on a tiny net: batch norm (trained running statistics), an
     analog global pool, a voltage readout, no per-layer delay; full current decay."""
-    layers = [Layer("conv", 3, kernel=3, padding=1),
-              Layer("conv", 3, kernel=3, padding=1, options={"residual": "open"}),
-              Layer("conv", 3, kernel=3, padding=1, options={"residual": "close", "skip_channels": 3}),
-              Layer("conv", 4, kernel=3, stride=2, padding=1, options={"residual": "open"}),
-              Layer("conv", 4, kernel=3, padding=1,
-                    options={"residual": "close", "skip_channels": 3, "skip_stride": 2}),
-              Layer("pool", kernel=0, options={"global_pool": "analog"}), Layer("flatten"), Layer("dense", 5)]
+    layers = residual_layers(Layer("pool", kernel=0, options={"global_pool": "analog"}))
     torch.manual_seed(0)
     model_cfg = {**DEFAULTS["model"], "threshold": 0.4, "norm": "batch", "global_pool": "analog",
                  "readout": "voltage", "current_decay": 1.0, "delay_shift": False, "quantize": False, **cfg}
