@@ -188,3 +188,24 @@ def test_a_residual_run_ends_with_its_lava_check_on_the_graph(tmp_path, tiny_cfg
     result = json.loads((out / "lava.json").read_text())
     assert result["spike_for_spike"] and result["agreement"] == 1.0 and result["readout"] == "voltage"
     assert len(result["layer_kinds"]) == 18  # stem, 16 block layers, readout: the analog pool folded into it
+
+
+def test_a_stem_shift_past_the_bias_field_coarsens_the_graded_input_instead_of_refusing():
+    from neurofed.deploy.deployable import deployable_copy, integer_bias
+    from neurofed.deploy.lava_plan import INPUT_BITS, fitting_input_bits, input_spikes, plan_for
+
+    model = sfedhifi_like()
+    with torch.no_grad():  # -2.5: 160 in 1/64 units; x 2^5 at exponent 7 is 5,120 > 4,095, x 2^4 fits
+        norm = model.blocks[0].norm
+        norm.bias[0] = -2.5 + norm.affine()[0][0] * norm.running_mean[0]
+    folded = deployable_copy(model)
+    assert integer_bias(folded.blocks[0].synapse)[0] == -160
+    bits = fitting_input_bits(folded, bias_exp=7)
+    assert bits == INPUT_BITS - 1 and fitting_input_bits(folded, bias_exp=6) == INPUT_BITS - 2
+    data = {"encoding": "direct", "timesteps": 6}
+    values, _ = input_spikes(np.random.default_rng(1).random((3, 1, 8, 8)).astype(np.float32), data, 3, bits)
+    plan = plan_for(folded, 6, "direct", bits)
+    lava, _ = simulate_graph(model, values, 3, progress=False, plan=plan)
+    ref = torch_reference(folded, values, 3, plan)
+    np.testing.assert_array_equal(lava.checksums, ref.checksums)
+    np.testing.assert_array_equal(lava.output, ref.output)

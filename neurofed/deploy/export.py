@@ -24,7 +24,7 @@ import torch
 
 from neurofed.deploy import DeployError
 from neurofed.deploy.constraints import DEFAULT_PROFILE, ConstraintReport, check_model
-from neurofed.deploy.lava_plan import graded_state_warning, plan_for
+from neurofed.deploy.lava_plan import fitting_input_bits, graded_state_warning, plan_for
 from neurofed.deploy.deployable import fresh_copy  # noqa: F401  (imported from here by callers)
 from neurofed.deploy.lava_readout import scale_first_threshold, write_voltage_layer
 from neurofed.deploy.netx_entries import write_bias, write_pool
@@ -146,7 +146,7 @@ def export_model(model: torch.nn.Module, path: str | Path, meta: dict | None = N
     report = check_model(copy, profile, timesteps=timesteps)
     if check:
         report.raise_for_violations()
-    plan = plan_for(copy, timesteps, encoding)
+    plan = plan_for(copy, timesteps, encoding, fitting_input_bits(copy))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

@@ -89,6 +89,26 @@ def plan_for(model, timesteps: int, encoding: str = "rate", input_bits: int = IN
     return LavaPlan(int(timesteps), tuple(lags), input_bits if encoding == "direct" else None, voltage)
 
 
+def fitting_input_bits(model, bias_exp: int = 6) -> int:
+    """The most fractional bits (at most :data:`INPUT_BITS`) of graded input for which the first
+    layer's folded batch-norm bias, on a state kept 2^bits finer, still fits Lava's 13-bit bias
+    mantissa at exponent ``bias_exp`` (netx's 6; the residual graph's 7): a stem whose norm
+    shift is large gets a coarser input grid instead of a refusal (both sides see that grid)."""
+    from neurofed.deploy.deployable import integer_bias
+    from neurofed.deploy.lava_readout import MAX_BIAS_MANTISSA, NETX_BIAS_EXP
+
+    synapse = getattr(first_block(model), "synapse", None)
+    bias = integer_bias(synapse) if synapse is not None else None
+    if bias is None or not bias.numel():
+        return INPUT_BITS
+    worst = int(bias.abs().max())
+    for bits in range(INPUT_BITS, 0, -1):
+        shift = bits - (bias_exp - NETX_BIAS_EXP)
+        if shift >= 0 and worst << shift <= MAX_BIAS_MANTISSA:
+            return bits
+    return INPUT_BITS  # nothing fits: export refuses, naming the layer
+
+
 def graded_state_warning(first_layer_current: float, data_cfg: dict, bits: int = INPUT_BITS) -> str | None:
     """A warning when the first layer's worst-case current (every input at its largest |x|)
     can pass Lava's 24-bit state, kept 2^bits finer for graded input; None when not.

@@ -18,6 +18,8 @@ from neurofed.deploy.export import (NET_FILE, check_net_digest, digest_file, exp
                                    load_global_model, read_net)
 from neurofed.deploy.lava_plan import (MESSAGE_BITS, LavaPlan, SpikeStats, check_encoding, input_spikes, layer_seeds,  # noqa: F401
                                        plan_for, predict, to_lava_layout, to_torch_order, torch_reference)
+from neurofed.deploy.lava_plan import fitting_input_bits
+from neurofed.deploy.lava_readout import MAX_BIAS_EXP, NETX_BIAS_EXP
 from neurofed.deploy.lava_shards import check_workers, simulate_shards, usable_cores
 from neurofed.deploy.lava_stream import BACKENDS, CONV_MODEL_ENV, conv_model, run_config, simulate  # noqa: F401
 from neurofed.seeds import describe_measured, measured_on, seed_for
@@ -63,8 +65,10 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     model, cfg, ds, rnd = load_global_model(run_dir, model_round=model_round)
     check_encoding(cfg["data"])
     deployable = deployable_copy(model)  # what the chip runs: norms and an analog pool folded, 8-bit weights
-    plan = plan_for(deployable, cfg["data"]["timesteps"], cfg["data"]["encoding"])
-    if has_residual_joins(deployable):  # no netx file: the process graph is wired from the model
+    residual = has_residual_joins(deployable)
+    bits = fitting_input_bits(deployable, bias_exp=MAX_BIAS_EXP if residual else NETX_BIAS_EXP)
+    plan = plan_for(deployable, cfg["data"]["timesteps"], cfg["data"]["encoding"], bits)
+    if residual:  # no netx file: the process graph is wired from the model
         from neurofed.deploy.lava_graph import simulate_graph
 
         net, simulate_fn = deployable, simulate_graph
@@ -79,7 +83,7 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
 
     n = min(samples, len(ds.y_test))
     seed = seed_for(cfg["seed"], "lava")
-    spikes, notes = input_spikes(ds.x_test[:n], cfg["data"], seed)
+    spikes, notes = input_spikes(ds.x_test[:n], cfg["data"], seed, input_bits=bits)
     labels = np.asarray(ds.y_test[:n])
     t0 = time.perf_counter()
     torch_stats = torch_reference(deployable, spikes, seed, plan)  # the exported network: 8-bit weights
