@@ -145,10 +145,20 @@ def run_row(preset: str, out: Path, args, rep: Report) -> dict:
         rep.emit(f"{preset}: refused before training: {why}")
         return {**row, "status": f"refused: {why}"}
     run_dir = out / preset
-    shutil.rmtree(run_dir, ignore_errors=True)
-    rep.emit(f"{preset}: {command} --out {run_dir}")
-    rc, text, wall = neurofed(["run", preset, "--out", str(run_dir), "--quiet",
-                               *[a for o in over for a in ("--set", o)]], timeout=args.timeout)
+    reused = args.reuse and (run_dir / "summary.json").is_file()
+    if reused:  # trained before: its export and Lava check again, with this neurofed
+        rep.emit(f"{preset}: reusing the trained run {run_dir}: neurofed export, neurofed lava")
+        lava = ["lava", str(run_dir), "--samples", str(cfg["lava"]["samples"]), "--quiet"]
+        for sub in (["export", str(run_dir)], lava):
+            rc, text, _ = neurofed(sub, timeout=args.timeout)
+            if rc != 0:
+                return {**row, "status": f"failed: neurofed {sub[0]}: {one_line(text)}"}
+        text, wall = "", json.loads((run_dir / "summary.json").read_text()).get("wall_time_s", 0.0)
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        rep.emit(f"{preset}: {command} --out {run_dir}")
+        rc, text, wall = neurofed(["run", preset, "--out", str(run_dir), "--quiet",
+                                   *[a for o in over for a in ("--set", o)]], timeout=args.timeout)
     row["run_wall_s"] = round(wall, 1)
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -158,7 +168,8 @@ def run_row(preset: str, out: Path, args, rep: Report) -> dict:
     row.update(accuracy_per_round=[round(h["accuracy"], 4) for h in history],
                final_accuracy=summary["final_accuracy"], dataset=summary["dataset"])
     after = summary.get("after_training", {})
-    bad = next(((k, r) for k, r in after.items() if k in ("export", "lava") and r.get("status") != "ok"), None)
+    bad = None if reused else next(((k, r) for k, r in after.items()
+                                    if k in ("export", "lava") and r.get("status") != "ok"), None)
     if bad:
         status = bad[1].get("status")
         why = bad[1].get("reason") or str(bad[1].get("error", "")).splitlines()[0]
@@ -312,6 +323,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="run dirs (default: a temporary folder, deleted at the end)")
     ap.add_argument("--save", action="store_true", help="write the rows to benchmarks/results/deploy_presets/")
     ap.add_argument("--report", action="store_true", help="only rewrite README.md from results.jsonl")
+    ap.add_argument("--reuse", action="store_true",
+                    help="a row whose run dir under --out holds a finished run: export and Lava again, no training")
     ap.add_argument("--no-precheck", dest="precheck", action="store_false",
                     help="train a preset whose export neurofed run refuses anyway")
     ap.add_argument("--stock-compare", default="fedsnn_cifar10_iid", metavar="PRESET",
