@@ -72,6 +72,9 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
         from neurofed.deploy.lava_graph import simulate_graph
 
         net, simulate_fn = deployable, simulate_graph
+        # one process: a worker forked after this process's torch has run its OpenMP pool hangs in
+        # the torch calls that write the graph's entries (seen at width 0.125; docs/deployment.md)
+        workers = 1
     else:
         net_path = run_dir / NET_FILE
         if (not net_path.exists() or not digest_file(net_path).exists() or read_net(net_path).get("round") != rnd
