@@ -253,7 +253,9 @@ def table(rows: list[dict], header: str) -> str:
            "on Lava; their accuracies are **not** the papers' numbers. Only sfedca_mnist_dir03 uses real "
            "data (MNIST, the publisher's files), and at a fraction of the paper's scale.", "",
            "```", header, "```", "",
-           "Columns: *final*: the run's last-round test accuracy (summary.json, its test subset); on the same "
+           "Columns: *final*: the run's last-round test accuracy (summary.json, its test subset; for SFedHIFI the "
+           "mean over its widths, the exported largest width's is in summary.json's accuracy_per_width: 40.5 % "
+           "for the ResNet-18 row); on the same "
            "100 test samples and input spikes: *float* the model as trained, *8-bit* the exported network in "
            "torch, *Lava* the exported network on Lava fixed_pt, *agree* Lava vs 8-bit torch predictions; "
            "*identical layers*: layers whose spike raster equals torch's in every sample; *samples/s*: Lava "
