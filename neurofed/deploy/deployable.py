@@ -48,7 +48,6 @@ def fresh_copy(model: nn.Module) -> nn.Module:
     return copy.eval()
 
 
-
 def _synapse_weight(synapse: nn.Module) -> torch.Tensor:
     from neurofed.deploy.constraints import effective_weight
 

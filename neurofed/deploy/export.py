@@ -26,8 +26,8 @@ from neurofed.deploy import DeployError
 from neurofed.deploy.constraints import DEFAULT_PROFILE, ConstraintReport, check_model
 from neurofed.deploy.lava_plan import fitting_input_bits, graded_state_warning, plan_for
 from neurofed.deploy.deployable import fresh_copy  # noqa: F401  (imported from here by callers)
-from neurofed.deploy.lava_readout import scale_first_threshold, write_voltage_layer
-from neurofed.deploy.netx_entries import write_bias, write_pool
+from neurofed.deploy.lava_readout import scale_first_threshold
+from neurofed.deploy.netx_entries import write_layer
 
 NET_FILE = "model.net"
 FORMAT = "neurofed-netx-1"
@@ -159,15 +159,8 @@ def export_model(model: torch.nn.Module, path: str | Path, meta: dict | None = N
         entry = layers.create_group("0")
         entry.create_dataset("type", (1,), "S10", [b"input"])
         entry.create_dataset("shape", data=np.array(copy.layers[0].in_shape))
-        for i, (layer, block) in enumerate(zip(copy.layers, copy.blocks), start=1):
-            group = layers.create_group(str(i))
-            if layer.kind == "pool":
-                write_pool(block, group, layer)
-            elif copy.is_voltage_layer(i - 1):
-                write_voltage_layer(block, group)
-            else:
-                block.export_hdf5(group)
-            write_bias(block, group, i - 1)
+        for i, (layer, block) in enumerate(zip(copy.layers, copy.blocks)):
+            write_layer(layers.create_group(str(i + 1)), i, layer, block, copy.is_voltage_layer(i))
         if plan.input_bits is not None:
             scale_first_threshold(layers, plan.input_bits)
     os.replace(tmp, path)
@@ -271,7 +264,7 @@ def export_run(run_dir: str | Path, exp=None, profile=DEFAULT_PROFILE, quiet: bo
     if not quiet:
         print(report.summary())
     report.raise_for_violations()
-    export_model(model, path, meta=meta, profile=profile, timesteps=data["timesteps"], check=False,
+    export_model(deployable, path, meta=meta, profile=profile, timesteps=data["timesteps"], check=False,
                  encoding=data["encoding"])
     if not quiet:
         note = "" if cfg["model"]["quantize"] else \

@@ -23,8 +23,6 @@ its shortcut's too.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import h5py
 import numpy as np
 
@@ -46,28 +44,6 @@ def graph_refusal(model) -> str | None:
                 getattr(block, "export_refusal", None):
             return f"layer {i} ({layer.kind}): {block.export_refusal}"
     return None
-
-
-def _entry(root: h5py.Group, index: int, layer, block, voltage: bool) -> h5py.Group:
-    """Layer ``index`` as ``neurofed export`` writes it (a join: its 3×3 synapse and neuron),
-    with its bias (folded batch norm) where it has one."""
-    from neurofed.compat import slayer
-    from neurofed.deploy.netx_entries import write_bias, write_pool
-    from neurofed.deploy.lava_readout import write_voltage_layer
-    from neurofed.models.residual import ResidualJoin
-
-    group = root.create_group(str(index))
-    if layer.kind == "pool":
-        write_pool(block, group, layer)
-    elif voltage:
-        write_voltage_layer(block, group)
-    elif isinstance(block, ResidualJoin):
-        conv = SimpleNamespace(synapse=block.synapse, neuron=block.neuron, delay=None)
-        slayer().block.base.AbstractConv.export_hdf5(conv, group)
-    else:
-        block.export_hdf5(group)
-    write_bias(block, group, index)
-    return group
 
 
 def shortcut_weight(block, in_channels: int) -> np.ndarray:
@@ -106,6 +82,7 @@ def build_graph(model, timesteps: int, reset_offset: int = 1, input_bits: int | 
     (:mod:`neurofed.deploy.lava_plan`), as in a ``model.net`` export."""
     from neurofed.deploy.lava_plan import MESSAGE_BITS
     from neurofed.deploy.lava_readout import MAX_BIAS_EXP, scale_threshold
+    from neurofed.deploy.netx_entries import write_layer
     from neurofed.deploy.lava_procs.relay import StepDelay
     from neurofed.models.residual import ResidualJoin
 
@@ -126,7 +103,8 @@ def build_graph(model, timesteps: int, reset_offset: int = 1, input_bits: int | 
             if layer.kind == "flatten":
                 flatten = True
                 continue
-            entry = _entry(h, i, layer, block, copy.is_voltage_layer(i))
+            entry = h.create_group(str(i))
+            write_layer(entry, i, layer, block, copy.is_voltage_layer(i))  # as `neurofed export` writes it
             graded = {}
             if i == first and input_bits is not None:
                 scale_threshold(entry, input_bits, bias_exp=MAX_BIAS_EXP)  # netx's exponent 6 halves the range

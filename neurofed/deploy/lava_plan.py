@@ -95,7 +95,7 @@ def fitting_input_bits(model, bias_exp: int = 6) -> int:
     mantissa at exponent ``bias_exp`` (netx's 6; the residual graph's 7): a stem whose norm
     shift is large gets a coarser input grid instead of a refusal (both sides see that grid)."""
     from neurofed.deploy.deployable import integer_bias
-    from neurofed.deploy.lava_readout import MAX_BIAS_MANTISSA, NETX_BIAS_EXP
+    from neurofed.deploy.lava_readout import MAX_BIAS_MANTISSA, NETX_BIAS_EXP, graded_bias
 
     synapse = getattr(first_block(model), "synapse", None)
     bias = integer_bias(synapse) if synapse is not None else None
@@ -103,8 +103,7 @@ def fitting_input_bits(model, bias_exp: int = 6) -> int:
         return INPUT_BITS
     worst = int(bias.abs().max())
     for bits in range(INPUT_BITS, 0, -1):
-        shift = bits - (bias_exp - NETX_BIAS_EXP)
-        if shift >= 0 and worst << shift <= MAX_BIAS_MANTISSA:
+        if bits >= bias_exp - NETX_BIAS_EXP and graded_bias(worst, bits, bias_exp) <= MAX_BIAS_MANTISSA:
             return bits
     return INPUT_BITS  # nothing fits: export refuses, naming the layer
 

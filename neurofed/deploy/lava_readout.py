@@ -54,12 +54,18 @@ NETX_BIAS_EXP = 6  # netx's hdf5 reader gives every neuron this bias exponent
 MAX_BIAS_EXP = 7  # Lava LIF's bias_exp: unsigned 3 bits
 
 
+def graded_bias(bias, bits: int, bias_exp: int):
+    """A bias (integer, input units) as the mantissa of a neuron whose state is 2^bits finer
+    and whose bias exponent is ``bias_exp`` (``bits`` >= ``bias_exp`` - 6)."""
+    return bias << (bits - (bias_exp - NETX_BIAS_EXP))
+
+
 def scale_threshold(group: h5py.Group, bits: int, bias_exp: int = NETX_BIAS_EXP) -> None:
     """Layer entry ``group``'s threshold mantissa and bias x 2^bits: its state runs 2^bits finer.
     The bias is written for a neuron with exponent ``bias_exp`` (netx's 6, or up to Lava's 7
     where the caller sets it: twice the range)."""
     if "bias" in group:
-        bias = np.asarray(group["bias"][()]) << (bits - (bias_exp - NETX_BIAS_EXP))
+        bias = graded_bias(np.asarray(group["bias"][()]), bits, bias_exp)
         del group["bias"]
         check_bias(bias, f"layer 0 (graded input: its bias x 2^{bits}, exponent {bias_exp})")
         group.create_dataset("bias", data=bias)

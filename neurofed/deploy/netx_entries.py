@@ -1,6 +1,7 @@
-"""netx layer entries that SLAYER's own ``export_hdf5`` does not write: pools as grouped
-convolutions and folded batch-norm biases (``neurofed export`` and the residual Lava graph
-write the same entries)."""
+"""netx layer entries as ``neurofed export`` and the residual Lava graph both write them
+(:func:`write_layer`): SLAYER's own ``export_hdf5`` where it fits, and what it does not
+write: pools as grouped convolutions, the voltage readout, a residual join's 3×3 part and
+folded batch-norm biases."""
 
 from __future__ import annotations
 
@@ -62,3 +63,26 @@ def write_pool(block, group: h5py.Group, layer) -> None:
     group.create_dataset("weight", data=pool_as_conv_weight(w, c, groups))
     for key, value in block.neuron.device_params.items():
         group.create_dataset(f"neuron/{key}", data=value)
+
+
+def write_layer(group: h5py.Group, index: int, layer, block, voltage: bool) -> None:
+    """Layer ``index`` of a deployable copy (:mod:`neurofed.deploy.deployable`) into ``group``:
+    a pool as a grouped conv, the voltage readout (``voltage``) as a never-firing dense layer,
+    a residual join as its 3×3 synapse and neuron (the graph wires its shortcut), anything else
+    by SLAYER; then its folded bias, if it has one."""
+    from types import SimpleNamespace
+
+    from neurofed.compat import slayer
+    from neurofed.deploy.lava_readout import write_voltage_layer
+    from neurofed.models.residual import ResidualJoin
+
+    if layer.kind == "pool":
+        write_pool(block, group, layer)
+    elif voltage:
+        write_voltage_layer(block, group)
+    elif isinstance(block, ResidualJoin):
+        conv = SimpleNamespace(synapse=block.synapse, neuron=block.neuron, delay=None)
+        slayer().block.base.AbstractConv.export_hdf5(conv, group)
+    else:
+        block.export_hdf5(group)
+    write_bias(block, group, index)
