@@ -7,7 +7,7 @@ the trained (float) model's accuracy, the exported 8-bit network's in torch and 
 the prediction agreement Lava vs torch and which layers' spikes are identical (lava.json);
 Lava's samples/s and workers; the Loihi 2 cores at the trained width (hardware.json) and at
 full width (shapes only: ``neurofed.deploy.constraints.hardware_use``, as
-benchmarks/resnet_cores.py). A row whose model ``neurofed run`` refuses to export says
+benchmarks/preset_cores.py). A row whose model ``neurofed run`` refuses to export says
 "refused: <reason>" (checked before training with the pipeline's own structure check, so
 no one trains for a refusal; ``--no-precheck`` runs it anyway). Stand-in rows
 (``neurofed.data.standins``) say that a network deploys, never what a paper's table shows.
@@ -32,10 +32,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [p for p in (str(ROOT), str(ROOT / "benchmarks")) if p not in sys.path]
 from common import Report, machine_header  # noqa: E402
+from neurofed.models.quantize import qat_round  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "deploy_presets"
 MNIST = "/work/shared/data/mnist"  # the publisher's idx.gz files (see its README)
 COMMON = ["energy.enabled=false", "federation.target_accuracy=null"]  # energy: not this table's question
+# the float twin of each row: float weights throughout, as the papers train (the presets train
+# their last 20 % of rounds on export's 8-bit grid, model.quantize: 'last 20%'); no export
+FLOAT_TWIN = ["model.quantize=false", "export=false"]
 
 # preset -> (data note, overrides, what was reduced). Settings from tests/test_presets.py's LEARNS
 # and benchmarks/preset_learning.py's SCALE, each a few minutes on 2 shared cores.
@@ -52,13 +56,10 @@ ROWS = {
     "fedsnn_cifar10_iid": ("stand-in CIFAR-10", [
         "data.name=standin_cifar10", "data.train_subset=400", "data.test_subset=200", "model.width=0.125",
         "partition.num_clients=2", "federation.clients_per_round=2", "federation.local_epochs=2",
-        "federation.rounds=5", "model.quantize=4"], "width 1.0 -> 0.125, clients 100 -> 2, rounds 100 -> 5, "
-        "local epochs 5 -> 2, 400 train / 200 test; model.quantize false -> 4 (float rounds 1-3, then training "
-        "on export's 8-bit grid, so *float* is the 8-bit model): with float weights throughout, the firing init "
-        "at width 0.125 already puts layer 4's (conv 16x16x16) integer weights at -342..340, beyond netx's "
-        "-256..254, and the export refuses them (4 rounds, 2026-11-27: 12 -> 20.5 %, export refused); with "
-        "quantize 1 (the grid from the start) 4 rounds reached only 14.5 % (Lava 15 % on 100, agreement 100 %; "
-        "its stock-vs-im2col timing, load 6 to 21: 0.746 vs 3.38 samples/s, 4.54x)"),
+        "federation.rounds=5"], "width 1.0 -> 0.125, clients 100 -> 2, rounds 100 -> 5, "
+        "local epochs 5 -> 2, 400 train / 200 test. Trained with float weights throughout, the firing init at "
+        "width 0.125 already puts layer 4's (conv 16x16x16) integer weights at -342..340, beyond netx's "
+        "-256..254: export refuses the float twin, and its *8-bit* is those weights clamped"),
     "sfedhifi_fashion_mnist_iid": ("stand-in Fashion-MNIST", [
         "data.name=standin_fashion_mnist", "data.train_subset=600", "data.test_subset=200",
         "partition.num_clients=4", "federation.clients_per_round=4", "algorithm.widths=[0.5, 1.0]",
@@ -70,7 +71,7 @@ ROWS = {
         "federation.clients_per_round=4", "federation.local_epochs=2", "federation.rounds=12"],
         "widths x0.125 (exported: 0.125), clients 10 -> 4, rounds 500 -> 12, all 1,347 train / 200 test"),
 }
-# full-width sizing as a chip would map it (benchmarks/resnet_cores.py): spiking pool and readout, no norm
+# a net the pipeline refuses to export is sized as it would be mapped: spiking pool and readout, no norm
 MAPPED = {"global_pool": "spikes", "readout": "spikes", "norm": "none"}
 
 
@@ -186,10 +187,39 @@ def run_row(preset: str, out: Path, args, rep: Report) -> dict:
         from neurofed.deploy.lava_shards import usable_cores
 
         row["lava_workers"] = min(usable_cores(), lava["samples"])
+    row["qat"] = {"from_round": qat_round(cfg["model"]["quantize"], cfg["federation"]["rounds"]),
+                  **exported_accuracies(run_dir)}
+    row["float_twin"] = float_twin(preset, over, out, args, rep)
     if preset == args.stock_compare:
         row["conv_speed"] = conv_speed(run_dir, rep)
     rep.emit(line(row))
     return row
+
+
+def exported_accuracies(run_dir: Path) -> dict:
+    """The exported model's (the run's last global model; SFedHIFI's largest width) test
+    accuracy on the run's test samples, with its float weights and on export's 8-bit grid."""
+    from qat_accuracy import accuracies
+
+    float_weights, grid = accuracies(run_dir)
+    return {"float": round(float_weights, 4), "export8": round(grid, 4)}
+
+
+def float_twin(preset: str, over: list[str], out: Path, args, rep: Report) -> dict:
+    """The row's run with float weights throughout (FLOAT_TWIN), same seed and data: what
+    export costs without quantization-aware training, and what QAT costs the float accuracy."""
+    run_dir = out / f"{preset}-float"
+    twin = [*over, *FLOAT_TWIN]
+    if not (args.reuse and (run_dir / "summary.json").is_file()):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        rep.emit(f"{preset} (float twin): --set model.quantize=false --set export=false --out {run_dir}")
+        rc, text, wall = neurofed(["run", preset, "--out", str(run_dir), "--quiet",
+                                   *[a for o in twin for a in ("--set", o)]], timeout=args.timeout)
+        if rc != 0:
+            return {"status": f"failed: exit {rc}: {one_line(text)}"}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {"status": "ok", "final_accuracy": summary["final_accuracy"],
+            "run_wall_s": round(summary.get("wall_time_s", 0.0), 1), **exported_accuracies(run_dir)}
 
 
 def conv_speed(run_dir: Path, rep: Report) -> dict:
@@ -237,7 +267,10 @@ def identical_layers(row: dict) -> str:
 def line(row: dict) -> str:
     if row["status"] != "ok":
         return f"{row['preset']}: {row['status']}"
-    return (f"{row['preset']}: final test {pct(row['final_accuracy'])}; on {row['samples']} samples float "
+    q, f = row.get("qat", {}), row.get("float_twin", {})
+    twin = (f"; exported model on the run's test samples: QAT from round {q['from_round']} {pct(q['export8'])} "
+            f"(8-bit), float twin {pct(f.get('float'))} float / {pct(f.get('export8'))} 8-bit" if q else "")
+    return (f"{row['preset']}: final test {pct(row['final_accuracy'])}{twin}; on {row['samples']} samples float "
             f"{pct(row['trained_accuracy'])}, 8-bit {pct(row['torch_accuracy'])}, Lava {pct(row['accuracy'])}, "
             f"agreement {pct(row['agreement'])}, identical layers {identical_layers(row)}; "
             f"{row['samples_per_s']:.3g} samples/s on {row['lava_workers']} worker(s); "
@@ -253,29 +286,41 @@ def table(rows: list[dict], header: str) -> str:
            "on Lava; their accuracies are **not** the papers' numbers. Only sfedca_mnist_dir03 uses real "
            "data (MNIST, the publisher's files), and at a fraction of the paper's scale.", "",
            "```", header, "```", "",
-           "Columns: *final*: the run's last-round test accuracy (summary.json, its test subset; for SFedHIFI the "
-           "mean over its widths, the exported largest width's is in summary.json's accuracy_per_width: 40.5 % "
-           "for the ResNet-18 row); on the same "
-           "100 test samples and input spikes: *float* the model as trained, *8-bit* the exported network in "
-           "torch, *Lava* the exported network on Lava fixed_pt, *agree* Lava vs 8-bit torch predictions; "
-           "*identical layers*: layers whose spike raster equals torch's in every sample; *samples/s*: Lava "
-           "run time only (compile excluded), Lava's Conv on neurofed's im2col model; *cores*: Loihi 2 "
-           "(hw_profiles/loihi2.yaml) at the trained width / at full width (shapes only). The 2 cores are shared "
-           "with other jobs: each row gives its load average; its times and samples/s move with it.", "",
-           "| preset | data | model (width) | T | final | float | 8-bit | Lava | agree | identical layers "
-           "| samples/s (workers) | cores trained / full width | run s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "Columns: *QAT from*: the presets' `model.quantize: 'last 20%'` trains float weights until that round, "
+           "then every forward pass, in the clients and in the server's evaluation, on the 8-bit grid export "
+           "writes. Each row is also run as its **float twin**: the same command with `model.quantize=false` "
+           "(float weights throughout, as the papers train) and no export. On the run's test samples "
+           "(its `data.test_subset`), the exported model (SFedHIFI: the largest width) of: the twin with its "
+           "float weights (*twin float*) and on export's grid (*twin 8-bit*: what exporting it costs), and "
+           "of the preset as it trains now (*QAT 8-bit*: what Lava runs); *loss* = twin float - QAT 8-bit, "
+           "in points (negative: QAT scored higher). On the Lava check's 100 test samples and input spikes: "
+           "*8-bit / Lava*: the exported network in torch and on Lava fixed_pt, *agree* Lava vs torch "
+           "predictions; *identical layers*: layers whose spike raster equals torch's in every sample; "
+           "*samples/s*: Lava run time only (compile excluded), Lava's Conv on neurofed's im2col model; "
+           "*cores*: Loihi 2 (hw_profiles/loihi2.yaml) at the trained width / at full width (shapes only). "
+           "At this scale a run's accuracy still swings by a few points from round to round, and 100 to "
+           "1,000 test samples hold a point to within about 1.5 to 5 points: the loss column is within that "
+           "noise. The 2 cores may be shared with other jobs: each row gives its load average; its times "
+           "and samples/s move with it.", "",
+           "| preset | data | model (width) | T | QAT from (of) | twin float | twin 8-bit | QAT 8-bit | loss | "
+           "8-bit / Lava (100) | agree | identical layers | samples/s (workers) | cores trained / full width | run s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         fw = r.get("full_width", {})
         full = (f"{fw['cores']} ({fw['chips']} chip{'s' * (fw['chips'] != 1)}){' as mapped' if fw.get('as_mapped') else ''}"
                 if "cores" in fw else "?")
         model = f"{r['model']} ({r['width']})"
+        q, f = r.get("qat", {}), r.get("float_twin", {})
+        rounds = len(r.get("accuracy_per_round", [])) or "?"
+        twin = (f"{pct(f.get('float'))} | {pct(f.get('export8'))} | " if f.get("status") == "ok"
+                else f"{f.get('status', '')} | | ")
+        loss = (f"{100 * (f['float'] - q['export8']):+.1f}" if f.get("status") == "ok" and "export8" in q else "")
+        head = (f"| {r['preset']} | {r['data']} | {model} | {r['T']} | {q.get('from_round', '')} ({rounds}) | "
+                f"{twin}{pct(q.get('export8'))} | {loss} | ")
         if r["status"] != "ok":
-            out.append(f"| {r['preset']} | {r['data']} | {model} | {r['T']} | {pct(r.get('final_accuracy'))} | "
-                       f"| | | | **{r['status']}** | | – / {full} | {r.get('run_wall_s', '')} |")
+            out.append(f"{head}| | **{r['status']}** | | – / {full} | {r.get('run_wall_s', '')} |")
             continue
-        out.append(f"| {r['preset']} | {r['data']} | {model} | {r['T']} | {pct(r['final_accuracy'])} | "
-                   f"{pct(r['trained_accuracy'])} | {pct(r['torch_accuracy'])} | {pct(r['accuracy'])} | "
+        out.append(f"{head}{pct(r['torch_accuracy'])} / {pct(r['accuracy'])} | "
                    f"{pct(r['agreement'])} | {identical_layers(r)} | {r['samples_per_s']:.3g} ({r['lava_workers']}) | "
                    f"{r['cores']} ({r['chips']} chip{'s' * (r['chips'] != 1)}) / {full} | {r['run_wall_s']} |")
     out += ["", "## Per row: what was reduced, the command, when", ""]
@@ -285,10 +330,13 @@ def table(rows: list[dict], header: str) -> str:
         if r["status"].startswith("refused") and "run_wall_s" not in r:
             out.append("  Not trained: `neurofed run`'s plan (neurofed.pipeline, the same structure check) refuses "
                        "the export before training; the row is re-run once the model exports. Full-width cores "
-                       "sized as it would be mapped (benchmarks/resnet_cores.py: spiking pool and readout, batch "
+                       "sized as it would be mapped (benchmarks/preset_cores.py: the folded network, batch "
                        "norm folded).")
         if r.get("accuracy_per_round"):
             out.append(f"  Test accuracy per round: {' '.join(f'{a:.2f}' for a in r['accuracy_per_round'])}.")
+        if r.get("float_twin", {}).get("status") == "ok":
+            out.append(f"  Float twin: final {pct(r['float_twin']['final_accuracy'])}, run "
+                       f"{r['float_twin']['run_wall_s']} s.")
         cs = r.get("conv_speed")
         if cs and "ratio" in cs:
             out.append(f"  Lava's Conv model, `neurofed lava RUN --samples 10 --workers 1` on the same run dir: "

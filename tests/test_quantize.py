@@ -29,14 +29,24 @@ def test_export_grid_is_netx_8_bit_range_with_a_straight_through_gradient():
     np.testing.assert_array_equal(q[inside].detach().numpy(), quantize_8bit(w)[inside].detach().numpy())
 
 
-@pytest.mark.parametrize("value, ok", [(True, True), (False, True), (3, True), (0, False), (-2, False),
-                                       ("late", False), (1.5, False)])
+@pytest.mark.parametrize("value, ok", [(True, True), (False, True), (3, True), ("last 2", True), ("last 20%", True),
+                                       (0, False), (-2, False), ("late", False), (1.5, False), ("last 0", False),
+                                       ("last 120%", False), ("last -1", False), ("first 2", False)])
 def test_model_quantize_takes_a_switch_or_a_first_round(tiny_cfg, value, ok):
     if ok:
         assert tiny_cfg(**{"model.quantize": value})["model"]["quantize"] == value
     else:
-        with pytest.raises(ConfigError, match="model.quantize.*round R >= 1"):
+        with pytest.raises(ConfigError, match="model.quantize.*round R >= 1.*'last K'"):
             tiny_cfg(**{"model.quantize": value})
+
+
+@pytest.mark.parametrize("value, rounds, first", [(3, 10, 3), ("last 3", 10, 8), ("last 3", 2, 1), ("last 20%", 5, 5),
+                                                  ("last 20%", 12, 10), ("last 20%", 300, 241), ("last 100%", 7, 1)])
+def test_the_last_rounds_count_back_from_the_runs_length(value, rounds, first):
+    from neurofed.models.quantize import qat_round
+
+    assert qat_round(value, rounds) == first
+    assert qat_round(True, rounds) is None and qat_round(False, rounds) is None
 
 
 def test_qat_from_round_r_trains_onto_the_grid_export_writes(tmp_path, tiny_cfg):
@@ -55,13 +65,15 @@ def test_qat_from_round_r_trains_onto_the_grid_export_writes(tmp_path, tiny_cfg)
 
     out, qat = losses(2)
     _, float_run = losses(False)
+    _, last_round = losses("last 50%")
     assert qat[0] == float_run[0]  # round 1: the float run's, to the bit
     assert qat[1] != float_run[1]  # round 2: trained and evaluated on the 8-bit grid
+    assert last_round == qat  # the last half of 2 rounds is round 2 on
     model, cfg2, ds, rnd = load_global_model(out)
     # rounds before R train and evaluate float weights; from R on, export's grid
     assert all(s.pre_hook_fx is quantize_export for s in synapses(model))
-    assert all(s.pre_hook_fx is None for s in synapses(for_round(model, 1)))
-    for_round(model, 2)
+    assert all(s.pre_hook_fx is None for s in synapses(for_round(model, 1, 2)))
+    for_round(model, 2, 2)
     # the run's reported accuracy of round R is the 8-bit model's
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     ev = evaluate(model, torch.as_tensor(ds.x_test), torch.as_tensor(ds.y_test), cfg2, seed_for(cfg2["seed"], "eval"))

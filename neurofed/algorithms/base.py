@@ -149,7 +149,7 @@ class Client:
         data, config = ctx.data, ctx.config
         ctx.spec = self.spec_for(ctx)
         ctx.global_flat = ctx.spec.pack(ctx.params)
-        model = quantization.for_round(self.model(ctx), ctx.round)  # model.quantize: R
+        model = quantization.for_round(self.model(ctx), ctx.round, self.cfg["federation"]["rounds"])  # model.quantize
         ctx.spec.set(model, ctx.global_flat)
         self.begin(ctx, model)
         if len(data.y) == 0:

@@ -248,7 +248,7 @@ class FedLECClient(Client):
             self._teacher = self.model_factory()
             for p in self._teacher.parameters():
                 p.requires_grad_(False)
-        return quantization.for_round(self._teacher, ctx.round)  # as the student's
+        return quantization.for_round(self._teacher, ctx.round, self.cfg["federation"]["rounds"])  # as the student's
 
     def begin(self, ctx, model) -> None:
         super().begin(ctx, model)

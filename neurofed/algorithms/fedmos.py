@@ -125,7 +125,7 @@ class FedMoSClient(Client):
         """∇f(x_{t−1}; ξ_t) on the same encoded minibatch, in a second model."""
         if self._prev_model is None:
             self._prev_model = self.model_factory()
-        prev = quantization.for_round(self._prev_model, ctx.round)  # as the model's
+        prev = quantization.for_round(self._prev_model, ctx.round, self.cfg["federation"]["rounds"])  # as the model's
         prev.train(model.training)
         ctx.spec.set(prev, ctx.derived.prev_flat)
         prev.zero_grad(set_to_none=True)

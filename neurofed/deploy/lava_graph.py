@@ -23,6 +23,8 @@ its shortcut's too.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import h5py
 import numpy as np
 
@@ -73,71 +75,125 @@ class ResidualLavaNet:
         return self.layers[0].stop()
 
 
-def build_graph(model, timesteps: int, reset_offset: int = 1, input_bits: int | None = None) -> ResidualLavaNet:
-    """The Lava process graph of ``model`` (a deployable copy,
-    :func:`neurofed.deploy.deployable.deployable_copy`; residual joins allowed), its neurons
-    reset every ``timesteps`` steps at netx's phases (``hdf5.Network(reset_interval,
-    reset_offset)``: layer j at step ``reset_offset + 1 + j`` of each window). With
-    ``input_bits`` the first layer takes graded spikes and its state is 2^input_bits finer
-    (:mod:`neurofed.deploy.lava_plan`), as in a ``model.net`` export."""
-    from neurofed.deploy.lava_plan import MESSAGE_BITS
-    from neurofed.deploy.lava_readout import MAX_BIAS_EXP, scale_threshold
-    from neurofed.deploy.netx_entries import write_layer
-    from neurofed.deploy.lava_procs.relay import StepDelay
-    from neurofed.models.residual import ResidualJoin
+@dataclass(frozen=True)
+class GraphLayer:
+    """One layer of the graph as the Lava side needs it (numpy only)."""
+
+    index: int  # the model's layer index: its entry's name in the HDF5 image
+    kind: str  # dense | conv (pools are grouped convs)
+    flatten_before: bool
+    opens_residual: bool
+    graded: bool  # the first layer, taking graded spikes
+    shortcut: tuple | None = None  # a join's (weight (out, kx, ky, in), stride)
+
+
+@dataclass(frozen=True)
+class GraphEntries:
+    """A residual model's layers written as ``neurofed export`` writes them, in an in-memory
+    HDF5 image, plus how they are wired: everything :func:`wire_graph` needs, computed once
+    by :func:`graph_entries` in the process that holds the model. Workers forked from it
+    (:mod:`neurofed.deploy.lava_shards`) wire Lava from these arrays and never call torch: a
+    worker forked after the parent's torch ran its OpenMP pool hangs in torch's next
+    parallel call."""
+
+    image: bytes
+    layers: tuple
+    in_shape: tuple  # Lava's (x, y, c)
+    input_bits: int | None
+
+
+def graph_entries(model, input_bits: int | None = None) -> GraphEntries:
+    """The entries of ``model`` (a deployable copy, :func:`neurofed.deploy.deployable.deployable_copy`;
+    residual joins allowed). With ``input_bits`` the first layer takes graded spikes and its
+    state is 2^input_bits finer (:mod:`neurofed.deploy.lava_plan`), as in a ``model.net`` export."""
+    import io
 
     from neurofed.deploy.deployable import deployable_copy
+    from neurofed.deploy.lava_readout import MAX_BIAS_EXP, scale_threshold
+    from neurofed.deploy.netx_entries import write_layer
+    from neurofed.models.residual import ResidualJoin
 
     copy = deployable_copy(model)  # folded and quantized as export writes it; the caller's model untouched
     why = graph_refusal(copy)
     if why:
         raise DeployError(f"the model cannot be wired on Lava: {why}")
-    Network, NetDict, ConvSynapse = _netx()
-    reset = {"reset_interval": timesteps, "reset_offset": reset_offset + 1}
-    layers, shortcuts, flatten = [], [], False
-    in_shape = tuple(model.layers[0].in_shape[::-1])  # Lava's (x, y, c)
-    prev_out, prev_shape, skip = None, in_shape, None
     first = next(i for i, layer in enumerate(copy.layers) if layer.has_neurons)
-    with h5py.File("neurofed-graph", "w", driver="core", backing_store=False) as h:
+    layers, flatten, channels = [], False, model.layers[0].in_shape[0]
+    skip_channels = channels
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as h:
         for i, (layer, block) in enumerate(zip(copy.layers, copy.blocks)):
             if layer.kind == "flatten":
                 flatten = True
                 continue
             entry = h.create_group(str(i))
             write_layer(entry, i, layer, block, copy.is_voltage_layer(i))  # as `neurofed export` writes it
-            graded = {}
-            if i == first and input_bits is not None:
+            graded = i == first and input_bits is not None
+            if graded:
                 scale_threshold(entry, input_bits, bias_exp=MAX_BIAS_EXP)  # netx's exponent 6 halves the range
-                graded = {"input_message_bits": MESSAGE_BITS}
+            opens = layer.options.get("residual") == "open"
+            if opens:
+                skip_channels = channels
+            shortcut = None
+            if isinstance(block, ResidualJoin):
+                stride = block.shortcut.stride[0] if block.shortcut is not None else 1
+                shortcut = (shortcut_weight(block, skip_channels), stride)
+            layers.append(GraphLayer(i, "dense" if layer.kind == "dense" else "conv", flatten, opens, graded, shortcut))
+            flatten, channels = False, layer.out_shape[0]
+    return GraphEntries(buffer.getvalue(), tuple(layers), tuple(model.layers[0].in_shape[::-1]), input_bits)
+
+
+def build_graph(model, timesteps: int, reset_offset: int = 1, input_bits: int | None = None) -> ResidualLavaNet:
+    """The Lava process graph of ``model`` (see :func:`graph_entries`), its neurons reset every
+    ``timesteps`` steps at netx's phases (``hdf5.Network(reset_interval, reset_offset)``:
+    layer j at step ``reset_offset + 1 + j`` of each window)."""
+    return wire_graph(graph_entries(model, input_bits), timesteps, reset_offset)
+
+
+def wire_graph(entries: GraphEntries, timesteps: int, reset_offset: int = 1) -> ResidualLavaNet:
+    """The Lava processes of ``entries``: netx's ``create_conv`` / ``create_dense`` per layer,
+    each join's shortcut a second connection into its neurons. Lava and h5py only."""
+    import io
+
+    from neurofed.deploy.lava_plan import MESSAGE_BITS
+    from neurofed.deploy.lava_readout import MAX_BIAS_EXP
+    from neurofed.deploy.lava_procs.relay import StepDelay
+
+    Network, NetDict, ConvSynapse = _netx()
+    reset = {"reset_interval": timesteps, "reset_offset": reset_offset + 1}
+    procs, shortcuts = [], []
+    prev_out, prev_shape, skip = None, entries.in_shape, None
+    with h5py.File(io.BytesIO(entries.image), "r") as h:
+        for spec in entries.layers:
+            entry = h[str(spec.index)]
+            graded = {"input_message_bits": MESSAGE_BITS} if spec.graded else {}
             group = NetDict(f=entry)  # netx's view: arrays, not h5py datasets
-            if layer.options.get("residual") == "open":
+            if spec.opens_residual:
                 skip = (prev_out, prev_shape)
-            if layer.kind == "dense":
+            if spec.kind == "dense":
                 proc, _ = Network.create_dense(group, **reset, **graded)
             else:
                 proc, _ = Network.create_conv(group, input_shape=prev_shape, **reset, **graded)
-            if graded and "bias" in entry:
+            if spec.graded and "bias" in entry:
                 proc.neuron.bias_exp.init = np.full(proc.neuron.bias_exp.shape, MAX_BIAS_EXP)
             if prev_out is not None:
-                src = prev_out.transpose([2, 1, 0]).flatten() if flatten and len(prev_shape) == 3 else prev_out
-                src.connect(proc.inp)
-            flatten = False
-            if isinstance(block, ResidualJoin):
-                shortcuts.append(_shortcut(block, skip, proc, ConvSynapse, StepDelay))
+                flat = spec.flatten_before and len(prev_shape) == 3
+                (prev_out.transpose([2, 1, 0]).flatten() if flat else prev_out).connect(proc.inp)
+            if spec.shortcut is not None:
+                shortcuts.append(_shortcut(spec.shortcut, skip, proc, ConvSynapse, StepDelay))
             reset["reset_offset"] += 1
-            layers.append(proc)
+            procs.append(proc)
             prev_out, prev_shape = proc.out, tuple(proc.out.shape)
-    return ResidualLavaNet(layers, layers[0].inp, shortcuts)
+    return ResidualLavaNet(procs, procs[0].inp, shortcuts)
 
 
-def _shortcut(block, skip, join, ConvSynapse, StepDelay) -> tuple:
+def _shortcut(shortcut: tuple, skip, join, ConvSynapse, StepDelay) -> tuple:
     """Wire the join's shortcut: skip -> one-step delay -> Conv synapse -> join neuron's a_in."""
     if skip is None or skip[0] is None:
         raise DeployError("a residual join's block starts at the network input; the graph needs a layer before it")
-    src, shape = skip
-    stride = block.shortcut.stride[0] if block.shortcut is not None else 1
+    (weight, stride), (src, shape) = shortcut, skip
     delay = StepDelay(shape=shape)
-    syn = ConvSynapse(input_shape=shape, weight=shortcut_weight(block, shape[2]), stride=np.array([stride, stride]),
+    syn = ConvSynapse(input_shape=shape, weight=weight, stride=np.array([stride, stride]),
                       padding=np.array([0, 0]), dilation=np.array([1, 1]), groups=1, num_message_bits=0)
     if tuple(syn.a_out.shape) != tuple(join.neuron.a_in.shape):
         raise DeployError(f"residual shortcut gives {syn.a_out.shape}, the join's neurons are {join.neuron.a_in.shape}")
@@ -149,16 +205,22 @@ def _shortcut(block, skip, join, ConvSynapse, StepDelay) -> tuple:
 
 def simulate_graph(model, spikes: np.ndarray, seed: int, backend: str = "fixed_pt", progress=True, chunk: int = 10,
                    plan=None):
-    """:func:`neurofed.deploy.lava_run.simulate` for a model wired by :func:`build_graph`
-    instead of read from ``model.net`` (``model``: a deployable copy): (SpikeStats, timing).
+    """:func:`neurofed.deploy.lava_run.simulate` for a model wired by :func:`wire_graph`
+    instead of read from ``model.net`` (``model``: a deployable copy, or its
+    :func:`graph_entries`, which shard workers are given): (SpikeStats, timing).
     ``plan``: :func:`neurofed.deploy.lava_plan.plan_for` of ``model`` (default: binary input)."""
     from neurofed.deploy.lava_plan import plan_for
     from neurofed.deploy.lava_stream import _stream, run_config
 
     run_cfg = run_config(backend)
+    if plan is None and isinstance(model, GraphEntries):
+        raise DeployError("simulate_graph: graph entries need their plan (lava_plan.plan_for of the model)")
     plan = plan or plan_for(model, spikes.shape[-1])  # binary input; each layer's lag as in a model.net
     if plan.voltage and backend == "loihi2":
         raise DeployError("model.readout voltage: the voltage is read by a host process's RefPort, which reaches "
                           "the simulator's neurons but not a chip's; use --backend fixed_pt")
-    net = build_graph(model, plan.window, input_bits=plan.input_bits)
+    entries = model if isinstance(model, GraphEntries) else graph_entries(model, plan.input_bits)
+    if entries.input_bits != plan.input_bits:
+        raise DeployError(f"graph entries written for {entries.input_bits} input bits, the plan has {plan.input_bits}")
+    net = wire_graph(entries, plan.window)
     return _stream(net, spikes, seed, backend, run_cfg, progress, chunk, plan)

@@ -68,13 +68,11 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     residual = has_residual_joins(deployable)
     bits = fitting_input_bits(deployable, bias_exp=MAX_BIAS_EXP if residual else NETX_BIAS_EXP)
     plan = plan_for(deployable, cfg["data"]["timesteps"], cfg["data"]["encoding"], bits)
-    if residual:  # no netx file: the process graph is wired from the model
-        from neurofed.deploy.lava_graph import simulate_graph
+    if residual:  # no netx file: the process graph is wired from the model's entries
+        from neurofed.deploy.lava_graph import graph_entries, simulate_graph
 
-        net, simulate_fn = deployable, simulate_graph
-        # one process: a worker forked after this process's torch has run its OpenMP pool hangs in
-        # the torch calls that write the graph's entries (seen at width 0.125; docs/deployment.md)
-        workers = 1
+        # written here, once: the shard workers wire Lava from these arrays and never call torch
+        net, simulate_fn = graph_entries(deployable, plan.input_bits), simulate_graph
     else:
         net_path = run_dir / NET_FILE
         if (not net_path.exists() or not digest_file(net_path).exists() or read_net(net_path).get("round") != rnd

@@ -19,15 +19,16 @@ def evaluate_global(exp) -> dict:
     """Test metrics of ``exp``'s (an :class:`~neurofed.fl.experiment.Experiment`) global model(s)."""
     seed = seed_for(exp.cfg["seed"], "eval")
     several = exp.server.global_models()
+    rounds = exp.cfg["federation"]["rounds"]
     if several is None:
-        model = for_round(exp.device_model(exp.cfg["model"]), exp.round)  # model.quantize: R
+        model = for_round(exp.device_model(exp.cfg["model"]), exp.round, rounds)  # model.quantize
         exp.spec.set(model, exp.server.params)
         if model is not exp.eval_model:
             exp.spec.set(exp.eval_model, exp.server.params)  # the CPU copy stays current
         return evaluate(model, exp.x_test, exp.y_test, exp.cfg, seed)
     per = {}
     for label, (model_cfg, flat) in several.items():
-        model = for_round(exp.device_model(model_cfg), exp.round)
+        model = for_round(exp.device_model(model_cfg), exp.round, rounds)
         ParamSpec.from_model(model).set(model, flat)
         per[label] = evaluate(model, exp.x_test, exp.y_test, exp.cfg, seed)
     ev = {k: float(np.mean([e[k] for e in per.values()])) for k in ("accuracy", "loss", "firing_rate")

@@ -60,7 +60,8 @@ MODEL_DEFAULTS: dict = {
     "scale_grad": 1.0,
     "weight_norm": False,
     # true: 8-bit weights as on Loihi (SLAYER's quantize_8bit hook); false: float; R: float, then
-    # quantization-aware training on export's 8-bit grid from round R (neurofed.models.quantize)
+    # quantization-aware training on export's 8-bit grid from round R; "last K" / "last P%": that
+    # training over the run's last K rounds / P % of its rounds (neurofed.models.quantize)
     "quantize": True,
     "dropout": 0.0,
     "delay_shift": True,  # SLAYER's one-step delay per block (Lava's timing); false: the papers' T
@@ -69,10 +70,11 @@ MODEL_DEFAULTS: dict = {
     "readout": "spikes",
     "pool": "sum",  # sum (SLAYER's) | max (exact spike max) | avg (IF rate average): snn.pool_neuron
     # a residual net's global average pool: spikes (an IF pool; exports) | analog (the mean
-    # passed on as a value, the authors' AdaptiveAvgPool2d; not exported): snn.AnalogGlobalPool
+    # passed on as a value, the authors' AdaptiveAvgPool2d; folded into the voltage readout at
+    # export, neurofed.deploy.deployable): snn.AnalogGlobalPool
     "global_pool": "spikes",
-    # none | batch (batch norm before each hidden layer's neurons, batch statistics; the
-    # SFedHIFI authors' ResNet; not exported): neurofed.models.norm
+    # none | batch (batch norm before each hidden layer's neurons; the SFedHIFI authors' ResNet;
+    # folded into weights and biases at export): neurofed.models.norm
     "norm": "none",
     # slayer: SLAYER's weights; firing: each layer rescaled on a training batch to fire within
     # init_rates (neurofed.models.init, LSUV on firing rates)

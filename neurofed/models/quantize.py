@@ -15,7 +15,10 @@ rounds alike but clamps at -512 .. 510, which export refuses beyond 254.
 - ``true``: SLAYER's 8-bit hook from the first round (as before);
 - an integer R >= 1: float weights up to round R-1, then every forward pass, in the
   clients' training and the server's evaluation, uses :func:`quantize_export`'s weights
-  (fake quantization). R = 1 is QAT from the start; R = rounds - k + 1 the last k rounds.
+  (fake quantization). R = 1 is QAT from the start;
+- ``"last K"`` or ``"last P%"``: the same over the run's last K rounds, or the last P % of
+  ``federation.rounds`` (at least one round), so a preset's QAT follows a reduced
+  ``--set federation.rounds=...``; the paper presets' default is ``last 20%``.
 
 The parameters stay float (the server averages them); what the network computes from round
 R is exactly what export writes, so the global model's torch accuracy from round R is its
@@ -23,6 +26,9 @@ R is exactly what export writes, so the global model's torch accuracy from round
 """
 
 from __future__ import annotations
+
+import math
+import re
 
 import torch
 from torch import nn
@@ -45,18 +51,40 @@ def quantize_export(x: torch.Tensor, descale: bool = False) -> torch.Tensor:
     return slayer().utils.quantize_hook_fx(x, scale=SCALE, num_bits=EXPORT_NUM_BITS, descale=descale)
 
 
-def quantize_value(v):
-    """Validator of ``model.quantize``: true, false or the first QAT round R >= 1."""
-    if isinstance(v, bool) or (isinstance(v, int) and v >= 1):
+_LAST = re.compile(r"last\s+(\d+)\s*(%?)")
+
+
+def _last_rounds(v) -> tuple[int, bool] | None:
+    """``"last K"`` -> (K, False), ``"last P%"`` -> (P, True); None for anything else."""
+    match = _LAST.fullmatch(v.strip()) if isinstance(v, str) else None
+    if match is None:
         return None
-    return f"got {v!r}; allowed: true (SLAYER's 8-bit hook), false (float), or a round R >= 1 (float, then " \
-           f"quantization-aware training on export's 8-bit grid from round R)"
+    count, percent = int(match.group(1)), bool(match.group(2))
+    return (count, percent) if count >= 1 and (not percent or count <= 100) else None
 
 
-def qat_round(model_cfg: dict) -> int | None:
-    """The first round of quantization-aware training (None: ``model.quantize`` is a switch)."""
-    q = model_cfg.get("quantize", True)
-    return None if isinstance(q, bool) else int(q)
+def quantize_value(v):
+    """Validator of ``model.quantize``: true, false, the first QAT round R >= 1, or the last
+    rounds (``"last K"``, ``"last P%"``)."""
+    if isinstance(v, bool) or (isinstance(v, int) and v >= 1) or _last_rounds(v) is not None:
+        return None
+    return "allowed: true (SLAYER's 8-bit hook), false (float), a round R >= 1 (float, then " \
+           "quantization-aware training on export's 8-bit grid from round R), or 'last K' / 'last P%' (that " \
+           "training over the run's last K rounds / last P % of federation.rounds)"
+
+
+def qat_round(quantize, rounds: int) -> int | None:
+    """The first round of quantization-aware training in a run of ``rounds`` rounds (None:
+    ``quantize`` is a switch, true or false)."""
+    if isinstance(quantize, bool):
+        return None
+    last = _last_rounds(quantize)
+    if last is None:
+        return int(quantize)
+    count, percent = last
+    if percent:
+        count = max(1, math.ceil(rounds * count / 100))
+    return max(1, int(rounds) - count + 1)
 
 
 def build_hook(model_cfg: dict):
@@ -80,10 +108,11 @@ def set_weight_hook(model: nn.Module, hook) -> nn.Module:
     return model
 
 
-def for_round(model: nn.Module, rnd: int | None) -> nn.Module:
-    """``model`` as round ``rnd`` trains and evaluates it: with ``model.quantize: R``, float
-    weights before round R and export's grid from R on; otherwise (or ``rnd`` None) as built."""
-    start = qat_round(getattr(model, "model_cfg", {}))
+def for_round(model: nn.Module, rnd: int | None, rounds: int) -> nn.Module:
+    """``model`` as round ``rnd`` of a ``rounds``-round run trains and evaluates it: with QAT
+    (``model.quantize: R`` or ``last ...``), float weights before its first round and export's
+    grid from it on; otherwise (or ``rnd`` None) as built."""
+    start = qat_round(getattr(model, "model_cfg", {}).get("quantize", True), rounds)
     if start is not None and rnd is not None:
         set_weight_hook(model, quantize_export if rnd >= start else None)
     return model
