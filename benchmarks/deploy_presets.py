@@ -205,21 +205,53 @@ def exported_accuracies(run_dir: Path) -> dict:
     return {"float": round(float_weights, 4), "export8": round(grid, 4)}
 
 
+def trained(preset: str, run_dir: Path, sets: list[str], args, rep: Report, what: str) -> str | None:
+    """``neurofed run preset`` with ``sets`` into ``run_dir`` (kept with ``--reuse`` when it
+    finished before); the failure in one line, or None."""
+    if args.reuse and (run_dir / "summary.json").is_file():
+        return None
+    shutil.rmtree(run_dir, ignore_errors=True)
+    rep.emit(f"{preset} ({what}): --out {run_dir}")
+    rc, text, _ = neurofed(["run", preset, "--out", str(run_dir), "--quiet", *[a for o in sets for a in ("--set", o)]],
+                           timeout=args.timeout)
+    return None if rc == 0 else f"failed: {what}: exit {rc}: {one_line(text)}"
+
+
 def float_twin(preset: str, over: list[str], out: Path, args, rep: Report) -> dict:
     """The row's run with float weights throughout (FLOAT_TWIN), same seed and data: what
     export costs without quantization-aware training, and what QAT costs the float accuracy."""
     run_dir = out / f"{preset}-float"
-    twin = [*over, *FLOAT_TWIN]
-    if not (args.reuse and (run_dir / "summary.json").is_file()):
-        shutil.rmtree(run_dir, ignore_errors=True)
-        rep.emit(f"{preset} (float twin): --set model.quantize=false --set export=false --out {run_dir}")
-        rc, text, wall = neurofed(["run", preset, "--out", str(run_dir), "--quiet",
-                                   *[a for o in twin for a in ("--set", o)]], timeout=args.timeout)
-        if rc != 0:
-            return {"status": f"failed: exit {rc}: {one_line(text)}"}
+    failed = trained(preset, run_dir, [*over, *FLOAT_TWIN], args, rep, "float twin")
+    if failed:
+        return {"status": failed}
     summary = json.loads((run_dir / "summary.json").read_text())
     return {"status": "ok", "final_accuracy": summary["final_accuracy"],
             "run_wall_s": round(summary.get("wall_time_s", 0.0), 1), **exported_accuracies(run_dir)}
+
+
+def seed_runs(preset: str, seed: int, out: Path, args, rep: Report) -> dict:
+    """The row's QAT run and its float twin again with another ``seed`` (the partition, the
+    initialization, the batches), both without export: what QAT costs, once more."""
+    _, over, _ = ROWS[preset]
+    res = {}
+    for label, extra in (("qat", ["export=false"]), ("twin", FLOAT_TWIN)):
+        run_dir = out / f"{preset}-seed{seed}-{label}"
+        failed = trained(preset, run_dir, [*over, *COMMON, *extra, f"seed={seed}"], args, rep, f"seed {seed}, {label}")
+        if failed:
+            return {"status": failed}
+        res[label] = exported_accuracies(run_dir)
+    row = {"status": "ok", "qat8": res["qat"]["export8"], "twin_float": res["twin"]["float"],
+           "twin8": res["twin"]["export8"]}
+    rep.emit(f"{preset} seed {seed}: QAT {pct(row['qat8'])} (8-bit), float twin {pct(row['twin_float'])} float / "
+             f"{pct(row['twin8'])} 8-bit")
+    return row
+
+
+def losses(row: dict) -> list[float]:
+    """twin float - QAT 8-bit, in points, for the row's own seed and every extra one."""
+    q, f = row.get("qat", {}), row.get("float_twin", {})
+    out = [100 * (f["float"] - q["export8"])] if f.get("status") == "ok" and "export8" in q else []
+    return out + [100 * (r["twin_float"] - r["qat8"]) for r in row.get("seeds", {}).values() if r.get("status") == "ok"]
 
 
 def conv_speed(run_dir: Path, rep: Report) -> dict:
@@ -314,7 +346,10 @@ def table(rows: list[dict], header: str) -> str:
         rounds = len(r.get("accuracy_per_round", [])) or "?"
         twin = (f"{pct(f.get('float'))} | {pct(f.get('export8'))} | " if f.get("status") == "ok"
                 else f"{f.get('status', '')} | | ")
-        loss = (f"{100 * (f['float'] - q['export8']):+.1f}" if f.get("status") == "ok" and "export8" in q else "")
+        each = losses(r)
+        loss = (f"{each[0]:+.1f}" if len(each) == 1 else
+                f"{sum(each) / len(each):+.1f} (mean of {len(each)} seeds: {', '.join(f'{x:+.1f}' for x in each)})"
+                if each else "")
         head = (f"| {r['preset']} | {r['data']} | {model} | {r['T']} | {q.get('from_round', '')} ({rounds}) | "
                 f"{twin}{pct(q.get('export8'))} | {loss} | ")
         if r["status"] != "ok":
@@ -334,6 +369,10 @@ def table(rows: list[dict], header: str) -> str:
                        "norm folded).")
         if r.get("accuracy_per_round"):
             out.append(f"  Test accuracy per round: {' '.join(f'{a:.2f}' for a in r['accuracy_per_round'])}.")
+        for seed, sr in r.get("seeds", {}).items():
+            out.append(f"  Seed {seed} (`--set seed={seed}`, no export): " + (
+                f"QAT {pct(sr['qat8'])} (8-bit), float twin {pct(sr['twin_float'])} float / {pct(sr['twin8'])} 8-bit."
+                if sr.get("status") == "ok" else sr.get("status", "") + "."))
         if r.get("float_twin", {}).get("status") == "ok":
             out.append(f"  Float twin: final {pct(r['float_twin']['final_accuracy'])}, run "
                        f"{r['float_twin']['run_wall_s']} s.")
@@ -359,7 +398,9 @@ def save(rows_new: list[dict], header: str, out: Path = RESULTS) -> None:
                 r = json.loads(l)
                 rows[r["preset"]] = r
     for r in rows_new:
-        rows[r["preset"]] = {**r, "machine": header}
+        seeds = {**rows.get(r["preset"], {}).get("seeds", {}), **r.get("seeds", {})}
+        rows[r["preset"]] = {**r, "machine": header or rows.get(r["preset"], {}).get("machine", ""),
+                             **({"seeds": seeds} if seeds else {})}
     ordered = [rows[p] for p in ROWS if p in rows]
     path.write_text("".join(json.dumps(r) + "\n" for r in ordered))
     headers = list(dict.fromkeys(r["machine"] for r in ordered))
@@ -380,6 +421,9 @@ def main(argv=None) -> int:
     ap.add_argument("--stock-compare", default="fedsnn_cifar10_iid", metavar="PRESET",
                     help="the row that also times Lava's stock Conv model against im2col (default fedsnn_cifar10_iid)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per neurofed run")
+    ap.add_argument("--seeds", default=None, metavar="S1,S2",
+                    help="instead of the rows: each row's QAT run and float twin again with these seeds (no export, "
+                         "no Lava), added to the saved row")
     args = ap.parse_args(argv)
     if args.report:
         save([], "")
@@ -397,6 +441,17 @@ def main(argv=None) -> int:
     out = Path(args.out or tmp)
     rows = []
     try:
+        if args.seeds:  # extra seeds join the saved rows
+            saved = {} if not (RESULTS / "results.jsonl").is_file() else {
+                json.loads(l)["preset"]: json.loads(l) for l in (RESULTS / "results.jsonl").read_text().splitlines()
+                if l.strip()}
+            for preset in only:
+                row = {**saved.get(preset, {"preset": preset})}
+                row["seeds"] = {**row.get("seeds", {}), **{str(sd): seed_runs(preset, int(sd), out, args, rep)
+                                                            for sd in args.seeds.split(",")}}
+                if args.save and "status" in row:  # only a row that has been run
+                    save([row], "")
+            return 0
         for preset in only:
             rows.append(run_row(preset, out, args, rep))
             if args.save:  # each row as it ends: a stopped table keeps its rows

@@ -104,7 +104,8 @@ class Experiment:
         self.algorithm = get_algorithm_class(cfg["algorithm"]["name"])
         torch.manual_seed(seed_for(cfg["seed"], "init"))
         self.eval_model = self.new_model()  # on the CPU: export and energy read it
-        self.init_report = initialize(for_round(self.eval_model, 1, cfg["federation"]["rounds"]), cfg, self.x_train)  # model.init: firing, as round 1 sees it
+        # model.init: firing, on the weights as round 1 sees them
+        self.init_report = initialize(for_round(self.eval_model, 1, cfg["federation"]["rounds"]), cfg, self.x_train)
         self._eval_models: dict[str, torch.nn.Module] = {}  # other global models' (model_for)
         self._device_models: dict[str, torch.nn.Module] = {}  # their twins on self.device
         self.spec = ParamSpec.from_model(self.eval_model)
