@@ -66,9 +66,14 @@ def test_preset_validates_and_fits_its_dataset(path, roots):
     layers = topology(m["name"], m["width"], ds.num_classes, ds.input_shape)  # the layer list it trains
     assert layers[0].in_shape == SHAPES[name] and layers[-1].out_shape == (CLASSES[name],)
     assert m["delay_shift"] is False
-    # the papers train float weights; the presets train their last rounds on export's 8-bit grid
+    # the papers train float weights; the presets train their last rounds on export's 8-bit grid,
+    # except where that cost more than rounding at export (FedSNN's S-VGG9 and SFedHIFI's ResNet-18:
+    # benchmarks/results/deploy_presets, docs/fidelity.md)
     rounds = cfg["federation"]["rounds"]
-    assert 1 < qat_round(m["quantize"], rounds) <= rounds
+    if path.stem.startswith("fedsnn_") or m["name"] == "hifi_resnet18":
+        assert m["quantize"] is False
+    else:
+        assert 1 < qat_round(m["quantize"], rounds) <= rounds
 
 
 def _model_and_data(path: Path) -> tuple[str, str]:
@@ -242,7 +247,7 @@ LEARNS = {
                                    "algorithm.widths=[0.5, 1.0]", "algorithm.fusion_until=null",
                                    "federation.local_epochs=2", "federation.rounds=3"],
     "fedsnn_cifar10_iid": ["model.width=0.125", "partition.num_clients=2", "federation.clients_per_round=2",
-                           "federation.local_epochs=2", "federation.rounds=5"],
+                           "federation.local_epochs=2", "federation.rounds=4"],
 }
 # The presets' 'last 20%' trains each run's last round(s) here on the 8-bit grid (QAT): the
 # learning asserted is the run's as a user gets it, the last round the 8-bit model's.

@@ -236,7 +236,7 @@ class Linear(nn.Module):
 
 
 def _fedmos_cfg(a, mu, epochs=2):
-    return {"federation": {"local_epochs": epochs, "batch_size": 2, "optimizer": "sgd", "lr": 0.1,
+    return {"federation": {"rounds": 1, "local_epochs": epochs, "batch_size": 2, "optimizer": "sgd", "lr": 0.1,
                            "momentum": 0.0, "weight_decay": 0.0},
             "data": {"encoding": "direct", "timesteps": 1}, "algorithm": {"a": a, "mu": mu, "beta": 0.0}}
 
