@@ -379,7 +379,7 @@ def table(rows: list[dict], header: str) -> str:
                 if sr.get("status") == "ok" else sr.get("status", "") + "."))
         if r.get("float_twin", {}).get("status") == "ok":
             out.append(f"  Float twin: final {pct(r['float_twin']['final_accuracy'])}, run "
-                       f"{r['float_twin']['run_wall_s']} s.")
+                       f"{r['float_twin']['run_wall_s']} s.{' ' + r['float_twin']['note'] if 'note' in r['float_twin'] else ''}")
         cs = r.get("conv_speed")
         if cs and "ratio" in cs:
             out.append(f"  Lava's Conv model, `neurofed lava RUN --samples 10 --workers 1` on the same run dir: "
