@@ -96,11 +96,13 @@ def refusal(cfg: dict) -> str | None:
 
 
 def input_of(cfg: dict) -> tuple[tuple, int]:
+    """The paper data set's (C, H, W) and classes, for a row on it or on its stand-in."""
+    from neurofed.data.image_formats import IMAGE_SETS
     from neurofed.data.standins import STANDINS
 
     name = cfg["data"]["name"]
-    paper = STANDINS[name][0] if name in STANDINS else name
-    return {"mnist": ((1, 28, 28), 10), "fashion_mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10)}[paper]
+    paper = IMAGE_SETS[STANDINS[name][0] if name in STANDINS else name]
+    return paper.shape, paper.num_classes
 
 
 def full_width_cores(cfg: dict) -> dict:

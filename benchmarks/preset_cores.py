@@ -21,15 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [p for p in (str(ROOT), str(ROOT / "benchmarks")) if p not in sys.path]
 from common import Report, machine_header  # noqa: E402
 
-# the papers' data sets as the presets load them: (C, H, W), classes (their publishers' files)
-INPUTS = {"mnist": ((1, 28, 28), 10), "fashion_mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10),
-          "cifar100": ((3, 32, 32), 100), "svhn": ((3, 32, 32), 10)}
-
 
 def main(argv=None) -> int:
     import yaml
 
     from neurofed.config import DEFAULTS
+    from neurofed.data.image_formats import IMAGE_SETS  # each paper data set's shape and classes
     from neurofed.deploy.constraints import hardware_use
     from neurofed.deploy.deployable import deployable_copy
     from neurofed.models import build_model
@@ -48,7 +45,7 @@ def main(argv=None) -> int:
     rep.emit("model           data           T  spiking layers    neurons       synapses  cores  chips  "
              "largest layer  presets")
     for (name, data, timesteps, model_yaml), stems in groups.items():
-        shape, classes = INPUTS[data]
+        shape, classes = IMAGE_SETS[data].shape, IMAGE_SETS[data].num_classes
         model_cfg = {**DEFAULTS["model"], **yaml.safe_load(model_yaml), "width": 1.0}
         use = hardware_use(deployable_copy(build_model(model_cfg, shape, classes)), timesteps=timesteps)
         big = max(use["layers"], key=lambda l: l.cores)

@@ -118,8 +118,7 @@ def graph_entries(model, input_bits: int | None = None) -> GraphEntries:
     if why:
         raise DeployError(f"the model cannot be wired on Lava: {why}")
     first = next(i for i, layer in enumerate(copy.layers) if layer.has_neurons)
-    layers, flatten, channels = [], False, model.layers[0].in_shape[0]
-    skip_channels = channels
+    layers, flatten = [], False
     buffer = io.BytesIO()
     with h5py.File(buffer, "w") as h:
         for i, (layer, block) in enumerate(zip(copy.layers, copy.blocks)):
@@ -131,15 +130,13 @@ def graph_entries(model, input_bits: int | None = None) -> GraphEntries:
             graded = i == first and input_bits is not None
             if graded:
                 scale_threshold(entry, input_bits, bias_exp=MAX_BIAS_EXP)  # netx's exponent 6 halves the range
-            opens = layer.options.get("residual") == "open"
-            if opens:
-                skip_channels = channels
             shortcut = None
-            if isinstance(block, ResidualJoin):
+            if isinstance(block, ResidualJoin):  # an identity shortcut has the join's own channels
                 stride = block.shortcut.stride[0] if block.shortcut is not None else 1
-                shortcut = (shortcut_weight(block, skip_channels), stride)
-            layers.append(GraphLayer(i, "dense" if layer.kind == "dense" else "conv", flatten, opens, graded, shortcut))
-            flatten, channels = False, layer.out_shape[0]
+                shortcut = (shortcut_weight(block, layer.out_shape[0]), stride)
+            layers.append(GraphLayer(i, "dense" if layer.kind == "dense" else "conv", flatten,
+                                     layer.options.get("residual") == "open", graded, shortcut))
+            flatten = False
     return GraphEntries(buffer.getvalue(), tuple(layers), tuple(model.layers[0].in_shape[::-1]), input_bits)
 
 
