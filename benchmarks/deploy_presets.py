@@ -37,8 +37,8 @@ from neurofed.models.quantize import qat_round  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results" / "deploy_presets"
 MNIST = "/work/shared/data/mnist"  # the publisher's idx.gz files (see its README)
 COMMON = ["energy.enabled=false", "federation.target_accuracy=null"]  # energy: not this table's question
-# the float twin of each row: float weights throughout, as the papers train (the presets train
-# their last 20 % of rounds on export's 8-bit grid, model.quantize: 'last 20%'); no export
+# the float twin of a row that trains with QAT (model.quantize: R or 'last ...'): float weights
+# throughout, as the papers and the presets train; no export
 FLOAT_TWIN = ["model.quantize=false", "export=false"]
 
 # preset -> (data note, overrides, what was reduced). Settings from tests/test_presets.py's LEARNS
@@ -56,11 +56,10 @@ ROWS = {
     "fedsnn_cifar10_iid": ("stand-in CIFAR-10", [
         "data.name=standin_cifar10", "data.train_subset=400", "data.test_subset=200", "model.width=0.125",
         "partition.num_clients=2", "federation.clients_per_round=2", "federation.local_epochs=2",
-        "federation.rounds=5", "model.quantize=last 20%"], "width 1.0 -> 0.125, clients 100 -> 2, rounds 100 -> 5, "
-        "local epochs 5 -> 2, 400 train / 200 test; model.quantize false -> 'last 20%' (the other presets' default; "
-        "the FedSNN presets keep float weights, because here QAT cost more than rounding at export). Trained with float weights throughout, the firing init at "
-        "width 0.125 already puts layer 4's (conv 16x16x16) integer weights at -342..340, beyond netx's "
-        "-256..254: export refuses the float twin, and its *8-bit* is those weights clamped"),
+        "federation.rounds=5"], "width 1.0 -> 0.125, clients 100 -> 2, rounds 100 -> 5, "
+        "local epochs 5 -> 2, 400 train / 200 test; float weights, as the preset trains (its own run is its float "
+        "twin). The firing init at width 0.125 puts layer 4's (conv 16x16x16) weights at ±5.3, past the 8-bit "
+        "grid's ±4: that layer exports at exponent -1"),
     "sfedhifi_fashion_mnist_iid": ("stand-in Fashion-MNIST", [
         "data.name=standin_fashion_mnist", "data.train_subset=600", "data.test_subset=200",
         "partition.num_clients=4", "federation.clients_per_round=4", "algorithm.widths=[0.5, 1.0]",
@@ -69,11 +68,9 @@ ROWS = {
     "sfedhifi_cifar10_iid": ("stand-in CIFAR-10", [
         "data.name=standin_cifar10", "data.test_subset=200",
         "model.width=0.125", "algorithm.widths=[0.0312, 0.0625, 0.0938, 0.125]", "partition.num_clients=4",
-        "federation.clients_per_round=4", "federation.local_epochs=2", "federation.rounds=12",
-        "model.quantize=last 20%"],
+        "federation.clients_per_round=4", "federation.local_epochs=2", "federation.rounds=12"],
         "widths x0.125 (exported: 0.125), clients 10 -> 4, rounds 500 -> 12, all 1,347 train / 200 test; "
-        "model.quantize false -> 'last 20%' (the other presets' default; the SFedHIFI ResNet-18 presets keep float "
-        "weights, because here QAT cost the exported width more than rounding at export)"),
+        "float weights, as the preset trains (its own run is its float twin)"),
 }
 # a net the pipeline refuses to export is sized as it would be mapped: spiking pool and readout, no norm
 MAPPED = {"global_pool": "spikes", "readout": "spikes", "norm": "none"}
@@ -167,6 +164,7 @@ def run_row(preset: str, out: Path, args, rep: Report) -> dict:
         rc, text, wall = neurofed(["run", preset, "--out", str(run_dir), "--quiet",
                                    *[a for o in over for a in ("--set", o)]], timeout=args.timeout)
     row["run_wall_s"] = round(wall, 1)
+    row["reused"] = reused
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
@@ -195,20 +193,49 @@ def run_row(preset: str, out: Path, args, rep: Report) -> dict:
         row["lava_workers"] = min(usable_cores(), lava["samples"])
     row["qat"] = {"from_round": qat_round(cfg["model"]["quantize"], cfg["federation"]["rounds"]),
                   **exported_accuracies(run_dir)}
-    row["float_twin"] = float_twin(preset, over, out, args, rep)
+    row["float_twin"] = (float_twin(preset, over, out, args, rep) if row["qat"]["from_round"] is not None else
+                         {"status": "ok", "same_run": True, "final_accuracy": summary["final_accuracy"],
+                          "run_wall_s": row["run_wall_s"], **{k: v for k, v in row["qat"].items() if k != "from_round"},
+                          "note": "The preset trains float weights: its own run is its float twin."})
     if preset == args.stock_compare:
         row["conv_speed"] = conv_speed(run_dir, rep)
     rep.emit(line(row))
     return row
 
 
+NOISE = 1e-4  # relative weight noise of the noise floor: far below any 8-bit grid's step
+NOISE_DRAWS = 2
+
+
 def exported_accuracies(run_dir: Path) -> dict:
     """The exported model's (the run's last global model; SFedHIFI's largest width) test
-    accuracy on the run's test samples, with its float weights and on export's 8-bit grid."""
+    accuracy on the run's test samples: with its float weights, as export writes it (each layer
+    on its exponent's grid), on SLAYER's one grid (export before per-layer exponents), and the
+    float model's with every parameter times (1 + 1e-4 N(0, 1)), NOISE_DRAWS draws: how far a
+    perturbation far below any grid's step moves this network's accuracy (its noise floor)."""
+    import copy
+
+    import torch
+
+    from neurofed.deploy.export import load_global_model
+    from neurofed.models.quantize import set_export_grid
+    from neurofed.seeds import seed_for
+    from neurofed.training.local import evaluate
     from qat_accuracy import accuracies
 
-    float_weights, grid = accuracies(run_dir)
-    return {"float": round(float_weights, 4), "export8": round(grid, 4)}
+    float_weights, grid, one_grid = accuracies(run_dir)
+    model, cfg, ds, _ = load_global_model(run_dir)
+    set_export_grid(model, on=False)
+    x, y, seed = torch.as_tensor(ds.x_test), torch.as_tensor(ds.y_test), seed_for(cfg["seed"], "eval")
+    noisy = []
+    for draw in range(NOISE_DRAWS):
+        m, gen = copy.deepcopy(model), torch.Generator().manual_seed(draw)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.mul_(1 + NOISE * torch.randn(p.shape, generator=gen))
+        noisy.append(round(evaluate(m, x, y, cfg, seed)["accuracy"], 4))
+    return {"float": round(float_weights, 4), "export8": round(grid, 4), "one_grid8": round(one_grid, 4),
+            "noisy_float": noisy}
 
 
 def trained(preset: str, run_dir: Path, sets: list[str], args, rep: Report, what: str) -> str | None:
@@ -240,17 +267,23 @@ def seed_runs(preset: str, seed: int, out: Path, args, rep: Report) -> dict:
     initialization, the batches), both without export: what QAT costs, once more."""
     _, over, _ = ROWS[preset]
     res = {}
-    for label, extra in (("qat", ["export=false"]), ("twin", FLOAT_TWIN)):
+    floats = qat_round(config(preset, [*over, *COMMON])["model"]["quantize"], 1) is None
+    for label, extra in (("qat", ["export=false"]), ("twin", FLOAT_TWIN))[floats:]:
         run_dir = out / f"{preset}-seed{seed}-{label}"
         failed = trained(preset, run_dir, [*over, *COMMON, *extra, f"seed={seed}"], args, rep, f"seed {seed}, {label}")
         if failed:
             return {"status": failed}
         res[label] = exported_accuracies(run_dir)
-    row = {"status": "ok", "qat8": res["qat"]["export8"], "twin_float": res["twin"]["float"],
+    res.setdefault("qat", res["twin"])  # a float preset: its run is its twin
+    row = {"status": "ok", "float_preset": floats, "qat8": res["qat"]["export8"], "twin_float": res["twin"]["float"],
            "twin8": res["twin"]["export8"]}
-    rep.emit(f"{preset} seed {seed}: QAT {pct(row['qat8'])} (8-bit), float twin {pct(row['twin_float'])} float / "
-             f"{pct(row['twin8'])} 8-bit")
+    rep.emit(f"{preset} seed {seed}: {seed_text(row)}")
     return row
+
+
+def seed_text(sr: dict) -> str:
+    twin = f"{pct(sr['twin_float'])} float / {pct(sr['twin8'])} 8-bit"
+    return f"float weights {twin}" if sr.get("float_preset") else f"QAT {pct(sr['qat8'])} (8-bit), float twin {twin}"
 
 
 def losses(row: dict) -> list[float]:
@@ -306,7 +339,8 @@ def line(row: dict) -> str:
     if row["status"] != "ok":
         return f"{row['preset']}: {row['status']}"
     q, f = row.get("qat", {}), row.get("float_twin", {})
-    twin = (f"; exported model on the run's test samples: QAT from round {q['from_round']} {pct(q['export8'])} "
+    trains = f"QAT from round {q['from_round']}" if q.get("from_round") else "float weights"
+    twin = (f"; exported model on the run's test samples: {trains} {pct(q['export8'])} "
             f"(8-bit), float twin {pct(f.get('float'))} float / {pct(f.get('export8'))} 8-bit" if q else "")
     return (f"{row['preset']}: final test {pct(row['final_accuracy'])}{twin}; on {row['samples']} samples float "
             f"{pct(row['trained_accuracy'])}, 8-bit {pct(row['torch_accuracy'])}, Lava {pct(row['accuracy'])}, "
@@ -324,14 +358,19 @@ def table(rows: list[dict], header: str) -> str:
            "on Lava; their accuracies are **not** the papers' numbers. Only sfedca_mnist_dir03 uses real "
            "data (MNIST, the publisher's files), and at a fraction of the paper's scale.", "",
            "```", header, "```", "",
-           "Columns: *QAT from*: the presets' `model.quantize: 'last 20%'` trains float weights until that round, "
-           "then every forward pass, in the clients and in the server's evaluation, on the 8-bit grid export "
-           "writes. Each row is also run as its **float twin**: the same command with `model.quantize=false` "
-           "(float weights throughout, as the papers train) and no export. On the run's test samples "
+           "Columns: *QAT from*: `float` where the row trains float weights, as the presets do (its run is "
+           "its own float twin); a round R where it trains with `model.quantize: R` or `'last ...'` (float "
+           "weights until round R, then every forward pass on the 8-bit grids export writes), and is also "
+           "run as its **float twin**: the same command with `model.quantize=false` and no export. "
+           "On the run's test samples "
            "(its `data.test_subset`), the exported model (SFedHIFI: the largest width) of: the twin with its "
-           "float weights (*twin float*) and on export's grid (*twin 8-bit*: what exporting it costs), and "
-           "of the preset as it trains now (*QAT 8-bit*: what Lava runs); *loss* = twin float - QAT 8-bit, "
-           "in points (negative: QAT scored higher). On the Lava check's 100 test samples and input spikes: "
+           "float weights (*twin float*), as export writes it (*twin 8-bit*: each layer on its own exponent's "
+           "grid, neurofed.models.quantize; what exporting it costs) and on SLAYER's one grid for every layer "
+           "(*one grid*: export before per-layer exponents), and of the preset as it trains now (*QAT 8-bit*: "
+           "what Lava runs; a float preset's own run is its twin); *loss* = twin float - QAT 8-bit, in points "
+           "(negative: QAT scored higher); *noise floor*: the twin's float accuracy with every parameter times "
+           "(1 + 1e-4 N(0, 1)), two draws: a perturbation far below any grid step, which moves a network on "
+           "the edge of its decisions as far as 8 bits do. On the Lava check's 100 test samples and input spikes: "
            "*8-bit / Lava*: the exported network in torch and on Lava fixed_pt, *agree* Lava vs torch "
            "predictions; *identical layers*: layers whose spike raster equals torch's in every sample; "
            "*samples/s*: Lava run time only (compile excluded), Lava's Conv on neurofed's im2col model; "
@@ -340,9 +379,11 @@ def table(rows: list[dict], header: str) -> str:
            "1,000 test samples hold a point to within about 1.5 to 5 points: the loss column is within that "
            "noise. The 2 cores may be shared with other jobs: each row gives its load average; its times "
            "and samples/s move with it.", "",
-           "| preset | data | model (width) | T | QAT from (of) | twin float | twin 8-bit | QAT 8-bit | loss | "
-           "8-bit / Lava (100) | agree | identical layers | samples/s (workers) | cores trained / full width | run s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| preset | data | model (width) | T | QAT from (of) | twin float | twin 8-bit | one grid | QAT 8-bit | "
+           "loss | "
+           "noise floor | 8-bit / Lava (100) | agree | identical layers | samples/s (workers) | "
+           "cores trained / full width | run s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         fw = r.get("full_width", {})
         full = (f"{fw['cores']} ({fw['chips']} chip{'s' * (fw['chips'] != 1)}){' as mapped' if fw.get('as_mapped') else ''}"
@@ -350,16 +391,17 @@ def table(rows: list[dict], header: str) -> str:
         model = f"{r['model']} ({r['width']})"
         q, f = r.get("qat", {}), r.get("float_twin", {})
         rounds = len(r.get("accuracy_per_round", [])) or "?"
-        twin = (f"{pct(f.get('float'))} | {pct(f.get('export8'))} | " if f.get("status") == "ok"
-                else f"{f.get('status', '')} | | ")
+        twin = (f"{pct(f.get('float'))} | {pct(f.get('export8'))} | {pct(f.get('one_grid8'))} | "
+                if f.get("status") == "ok" else f"{f.get('status', '')} | | | ")
+        noise = " / ".join(f"{100 * a:.1f}%" for a in f.get("noisy_float", []))
         each = losses(r)
         loss = (f"{each[0]:+.1f}" if len(each) == 1 else
                 f"{sum(each) / len(each):+.1f} (mean of {len(each)} seeds: {', '.join(f'{x:+.1f}' for x in each)})"
                 if each else "")
-        head = (f"| {r['preset']} | {r['data']} | {model} | {r['T']} | {q.get('from_round', '')} ({rounds}) | "
-                f"{twin}{pct(q.get('export8'))} | {loss} | ")
+        head = (f"| {r['preset']} | {r['data']} | {model} | {r['T']} | {q.get('from_round') or 'float'} ({rounds}) | "
+                f"{twin}{pct(q.get('export8'))} | {loss} | {noise} | ")
         if r["status"] != "ok":
-            out.append(f"{head}| | **{r['status']}** | | – / {full} | {r.get('run_wall_s', '')} |")
+            out.append(f"{head}| | **{r['status']}** | | – / {full} | {r.get('run_wall_s', '')} |")  # noqa: E501
             continue
         out.append(f"{head}{pct(r['torch_accuracy'])} / {pct(r['accuracy'])} | "
                    f"{pct(r['agreement'])} | {identical_layers(r)} | {r['samples_per_s']:.3g} ({r['lava_workers']}) | "
@@ -375,10 +417,14 @@ def table(rows: list[dict], header: str) -> str:
                        "norm folded).")
         if r.get("accuracy_per_round"):
             out.append(f"  Test accuracy per round: {' '.join(f'{a:.2f}' for a in r['accuracy_per_round'])}.")
+        if r.get("reused"):
+            out.append("  Reused (`--reuse`): trained by an earlier run of this command (its config.yaml differs at most "
+                       "in `export`); its export, Lava check and accuracies are this version's.")
+        if r.get("extra"):
+            out.append(f"  {r['extra']}")
         for seed, sr in r.get("seeds", {}).items():
-            out.append(f"  Seed {seed} (`--set seed={seed}`, no export): " + (
-                f"QAT {pct(sr['qat8'])} (8-bit), float twin {pct(sr['twin_float'])} float / {pct(sr['twin8'])} 8-bit."
-                if sr.get("status") == "ok" else sr.get("status", "") + "."))
+            out.append(f"  Seed {seed} (`--set seed={seed}`, no export): "
+                       + (seed_text(sr) if sr.get("status") == "ok" else sr.get("status", "")) + ".")
         if r.get("float_twin", {}).get("status") == "ok":
             out.append(f"  Float twin: final {pct(r['float_twin']['final_accuracy'])}, run "
                        f"{r['float_twin']['run_wall_s']} s.{' ' + r['float_twin']['note'] if 'note' in r['float_twin'] else ''}")

@@ -37,18 +37,26 @@ from common import Report, machine_header  # noqa: E402
 DEFAULT = "sfedca_mnist_dir03,fedlec_cifar10_iid"
 
 
-def accuracies(out: Path) -> tuple[float, float]:
-    """(float, 8-bit) test accuracy of the run's last global model, on the run's test samples."""
+def accuracies(out: Path) -> tuple[float, float, float]:
+    """(float, 8-bit, one grid) test accuracy of the run's last global model on the run's test
+    samples: with float weights; as export writes it (``deployable_copy``: batch norm folded,
+    each layer on its own exponent's grid, ``neurofed.models.quantize``); and on SLAYER's one
+    grid for every layer (exponent 0, unfolded: export before per-layer exponents)."""
     import torch
 
+    from neurofed.deploy.deployable import deployable_copy
     from neurofed.deploy.export import load_global_model
+    from neurofed.models.quantize import quantize_export, set_export_grid, set_weight_hook
     from neurofed.seeds import seed_for
     from neurofed.training.local import evaluate
-    from neurofed.models.quantize import quantize_export, set_weight_hook
 
     model, cfg, ds, _ = load_global_model(out)
     x, y, seed = torch.as_tensor(ds.x_test), torch.as_tensor(ds.y_test), seed_for(cfg["seed"], "eval")
-    return tuple(evaluate(set_weight_hook(model, hook), x, y, cfg, seed)["accuracy"] for hook in (None, quantize_export))
+    exported = evaluate(deployable_copy(model), x, y, cfg, seed)["accuracy"]
+    set_export_grid(model, on=False)
+    float_weights = evaluate(model, x, y, cfg, seed)["accuracy"]
+    one_grid = evaluate(set_weight_hook(model, quantize_export), x, y, cfg, seed)["accuracy"]
+    return float_weights, exported, one_grid
 
 
 def main(argv=None) -> int:
@@ -82,7 +90,7 @@ def main(argv=None) -> int:
             for label, extra in (("float", ["model.quantize=false"]), ("qat", [f"model.quantize={qat_from}"])):
                 cfg = load_config(preset, over + extra)
                 run(cfg, Path(tmp) / label, progress=False)
-                acc[label] = accuracies(Path(tmp) / label)
+                acc[label] = accuracies(Path(tmp) / label)[:2]
         (f, q), (qat_f, qat) = acc["float"], acc["qat"]
         say(f"{name} | {cfg['data']['name']} | {rounds} | {100 * f:.1f} | {100 * q:.1f} | {100 * (f - q):+.1f} | "
             f"{100 * qat:.1f} (QAT from round {qat_from}) | {100 * qat_f:.1f}")

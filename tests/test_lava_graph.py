@@ -67,6 +67,23 @@ def test_residual_network_runs_spike_for_spike_on_lava():
     assert not np.array_equal(torch_reference(cut, spikes, 5).checksums[:, 4], ref.checksums[:, 4])
 
 
+def test_float_joins_run_on_their_exponents_spike_for_spike():
+    """A float-trained residual net (leaky current and voltage) exports each layer on its own
+    exponent's grid (neurofed.models.quantize): the identity shortcut's 1.0 becomes 64 x 2^k
+    on the join's grid, the 1x1 shortcut shares the join's exponent; Lava computes exactly what
+    the torch reference does."""
+    from neurofed.deploy.deployable import deployable_copy
+    from neurofed.models.quantize import weight_exponent
+    from neurofed.models.residual import ResidualJoin
+
+    model = tiny_residual(quantize=False)
+    joins = [b for b in deployable_copy(model).blocks if isinstance(b, ResidualJoin)]
+    assert [b.shortcut is None for b in joins] == [True, False]
+    assert all(weight_exponent(b.synapse) > 0 for b in joins)
+    assert all(weight_exponent(b.shortcut) == weight_exponent(b.synapse) for b in joins[1:])
+    assert_spike_for_spike(deployable_copy(model), random_spikes(3, data_cfg=T))
+
+
 def test_every_join_gets_a_delayed_shortcut_into_its_neurons():
     net = build_graph(tiny_residual(), timesteps=10)
     assert len(net.layers) == 7 and len(net.shortcuts) == 2

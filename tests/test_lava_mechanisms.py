@@ -165,3 +165,24 @@ def test_batch_norm_folds_into_netx_weights_and_neuron_biases(tmp_path):
     with h5py.File(tmp_path / "m.net") as h:
         biased = [k for k in h["layer"] if "bias" in h["layer"][k]]
     assert len(biased) == sum(type(b).__name__.startswith("BatchNormed") for b in model.blocks) > 0
+
+
+@pytest.mark.parametrize("encoding", [RATE, DIRECT], ids=["rate", "direct"])
+def test_float_layers_of_unlike_scales_export_on_their_own_exponents_spike_for_spike(encoding, tmp_path):
+    """Per-layer exponents (neurofed.models.quantize): a layer of small weights (SLAYER's init)
+    goes on a 2^k finer grid with its state 2^k finer, one past the grid on a coarser one; on leaky neurons
+    (current and voltage decay < 1) Lava computes exactly what the torch reference does."""
+    from neurofed.models.quantize import quantize_export, synapses, weight_exponent
+
+    model = tiny(quantize=False, delay_shift=False, current_decay=0.5, voltage_decay=0.1)
+    convs = [b for b, layer in zip(model.blocks, model.layers) if layer.kind in ("conv", "dense")]
+    with torch.no_grad():  # the second layer's weights past the grid (±4)
+        convs[1].synapse.weight.mul_(12.0 / float(convs[1].synapse.weight.abs().max()))
+    copy = deployable_copy(model)
+    exponents = [weight_exponent(s) for s in synapses(copy) if s.weight.dim() == 5 and s.weight.shape[-1] == 1]
+    assert max(exponents) > 0 and min(exponents) < 0, exponents
+    round_trip(model, encoding, tmp_path / "m.net")
+    # the finer grid keeps what SLAYER's one grid rounds away
+    first = deployable_copy(model).blocks[0].synapse
+    w = first.weight.detach()
+    assert (first.pre_hook_fx(w) - w).abs().max() < (quantize_export(w) - w).abs().max()

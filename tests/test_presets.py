@@ -15,7 +15,6 @@ from neurofed.config import load_config
 from neurofed.data import load_dataset
 from neurofed.pipeline import run
 from neurofed.models import build_model, topology
-from neurofed.models.quantize import qat_round
 
 import dataset_files  # tests/ is on sys.path (rootdir conftest), as conftest imports are
 
@@ -66,14 +65,9 @@ def test_preset_validates_and_fits_its_dataset(path, roots):
     layers = topology(m["name"], m["width"], ds.num_classes, ds.input_shape)  # the layer list it trains
     assert layers[0].in_shape == SHAPES[name] and layers[-1].out_shape == (CLASSES[name],)
     assert m["delay_shift"] is False
-    # the papers train float weights; the presets train their last rounds on export's 8-bit grid,
-    # except where that cost more than rounding at export (FedSNN's S-VGG9 and SFedHIFI's ResNet-18:
-    # benchmarks/results/deploy_presets, docs/fidelity.md)
-    rounds = cfg["federation"]["rounds"]
-    if path.stem.startswith("fedsnn_") or m["name"] == "hifi_resnet18":
-        assert m["quantize"] is False
-    else:
-        assert 1 < qat_round(m["quantize"], rounds) <= rounds
+    # the papers train float weights, and so do the presets: export puts each layer on its own
+    # exponent's 8-bit grid (neurofed.models.quantize; benchmarks/results/deploy_presets, docs/fidelity.md)
+    assert m["quantize"] is False
 
 
 def _model_and_data(path: Path) -> tuple[str, str]:
@@ -249,8 +243,6 @@ LEARNS = {
     "fedsnn_cifar10_iid": ["model.width=0.125", "partition.num_clients=2", "federation.clients_per_round=2",
                            "federation.local_epochs=2", "federation.rounds=4"],
 }
-# The presets' 'last 20%' trains each run's last round(s) here on the 8-bit grid (QAT): the
-# learning asserted is the run's as a user gets it, the last round the 8-bit model's.
 
 
 def _standin_run(stem: str, extra: list[str], tmp_path) -> tuple[dict, list[dict]]:

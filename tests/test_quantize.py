@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from neurofed.config import ConfigError
-from neurofed.deploy.constraints import effective_weight
-from neurofed.models.quantize import for_round, quantize_export, synapses
+from neurofed.models.quantize import ExportGrid, effective_weight, for_round, quantize_export, synapses, weight_exponent
 from neurofed.models.quantize import quantize_8bit
 
 
@@ -58,7 +57,8 @@ def test_qat_from_round_r_trains_onto_the_grid_export_writes(tmp_path, tiny_cfg)
     def losses(q):
         out = tmp_path / str(q)
         run(tiny_cfg(**{"model.quantize": q, "federation.rounds": 2, "model.name": "cnn", "model.width": 0.25,
-                        "data.timesteps": 8, "model.threshold": 0.5, "model.init": "firing"}),
+                        "data.timesteps": 8, "model.threshold": 0.5, "model.init": "firing",
+                        "model.readout": "voltage"}),
             out, progress=False)  # it learns; the firing init calibrates float weights
         rows = map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
         return out, [(r["train_loss"], r["loss"]) for r in rows]
@@ -71,7 +71,7 @@ def test_qat_from_round_r_trains_onto_the_grid_export_writes(tmp_path, tiny_cfg)
     assert last_round == qat  # the last half of 2 rounds is round 2 on
     model, cfg2, ds, rnd = load_global_model(out)
     # rounds before R train and evaluate float weights; from R on, export's grid
-    assert all(s.pre_hook_fx is quantize_export for s in synapses(model))
+    assert all(isinstance(s.pre_hook_fx, ExportGrid) for s in synapses(model))
     assert all(s.pre_hook_fx is None for s in synapses(for_round(model, 1, 2)))
     for_round(model, 2, 2)
     # the run's reported accuracy of round R is the 8-bit model's
@@ -87,8 +87,40 @@ def test_qat_from_round_r_trains_onto_the_grid_export_writes(tmp_path, tiny_cfg)
     trained = [w for w, layer in zip(weights, [l for l in model.layers if l.kind != "flatten"])
                if layer.kind in ("conv", "dense")]
     assert len(written) == len(trained) == 4
-    for w, file_w in zip(trained, written):
-        ints = (w * 64).detach().numpy().reshape(file_w.shape)
+    exponents = [weight_exponent(syn) for syn, layer in zip(synapses(model), [l for l in model.layers
+                                                                               if l.kind != "flatten"])
+                 if layer.kind in ("conv", "dense")]
+    assert max(exponents) > 0  # float-trained layers use finer grids than SLAYER's one
+    for w, file_w, k in zip(trained, written, exponents):
+        ints = (w * 64 * 2.0 ** k).detach().numpy().reshape(file_w.shape)
         np.testing.assert_array_equal(ints, file_w)  # exactly the weights the torch model computes with
         assert np.array_equal(ints, np.round(ints)) and -256 <= ints.min() and ints.max() <= 254
 
+
+
+@pytest.mark.parametrize("top, worst, threshold, bias, reserve, k", [
+    (0.06, 1.0, 80, None, 0, 6),  # small weights: the finest grid the exponent allows
+    (0.5, 1.0, 80, None, 0, 2),  # 0.5 x 2^2 = 2 <= 254/64 < 0.5 x 2^3
+    (5.3, 50.0, 80, None, 0, -1),  # past the grid: a coarser one instead of clipping
+    (0.06, 100.0, 80, None, 0, 4),  # the worst-case current within the 24-bit state (2048 at k = 0)
+    (0.06, 1.0, 80, None, 6, 4),  # graded input's 6 bits on top: the threshold mantissa within 17 bits
+    (0.06, 1.0, 80, [-96, 40], 0, 5),  # the bias mantissa within 13 bits (96 x 2^5 <= 4095)
+    (5.3, 50.0, 7, None, 0, 0),  # an odd threshold mantissa cannot be halved exactly: clipped at k = 0
+])
+def test_each_layer_takes_the_finest_exponent_its_weights_and_registers_allow(top, worst, threshold, bias, reserve, k):
+    from neurofed.models.quantize import layer_exponent
+
+    b = None if bias is None else torch.tensor(bias)
+    assert layer_exponent(top, worst, threshold, b, reserve) == k
+
+
+def test_the_export_grid_of_exponent_k_is_2_to_the_k_finer_with_the_same_integers():
+    w = torch.linspace(-0.2, 0.2, 401, requires_grad=True)
+    fine = ExportGrid(4)
+    q = fine(w)
+    np.testing.assert_array_equal(fine(w, descale=True).detach().numpy(), (q * 64 * 16).detach().numpy())
+    assert (q - w).abs().max() <= 1 / 32 / 16 / 2 + 1e-7  # half a step of 2/64/2^4
+    assert (quantize_export(w) - w).abs().max() > 8 * (q - w).abs().max()
+    q.sum().backward()
+    assert torch.equal(w.grad, torch.ones_like(w))  # straight through inside the range
+    assert ExportGrid(0)(w).equal(quantize_export(w))

@@ -29,6 +29,7 @@ import torch
 import yaml
 
 from neurofed.deploy import DeployError
+from neurofed.models.quantize import effective_weight
 from neurofed.resources import profiles_dir
 
 PROFILE_DIR = profiles_dir()  # the shipped profiles (neurofed.resources)
@@ -153,15 +154,6 @@ class ConstraintReport:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def effective_weight(synapse: torch.nn.Module) -> torch.Tensor:
-    """The synapse's weight as the forward pass uses it (weight norm recomputed:
-    ``.weight`` is stale after ``load_state_dict`` until the next forward)."""
-    for hook in synapse._forward_pre_hooks.values():
-        if type(hook).__name__ == "WeightNorm":
-            return hook.compute_weight(synapse).detach()
-    return synapse.weight.detach()
 
 
 def integer_weight(synapse: torch.nn.Module) -> torch.Tensor:

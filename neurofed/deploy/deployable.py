@@ -20,6 +20,11 @@ Export, the Lava graph, the constraint check and the torch reference all read th
   is the same, with no rounding of the mean (the agreement with the trained model is reported).
 - **Factorized convolutions** (SFedHIFI Eq. 4) export as the plain convolution of their fused
   kernel (as netx loads them already).
+- **Per-layer exponents**: a model trained with float weights or QAT (``model.quantize`` false,
+  R or ``last ...``) goes on export's grid layer by layer, each layer's weights on steps
+  2/(64 * 2^k) with its neuron's state 2^k finer (:func:`neurofed.models.quantize.set_export_grid`;
+  the netx entries carry threshold and bias x 2^k). ``model.quantize: true`` keeps SLAYER's
+  one grid, on which it trained.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ def fresh_copy(model: nn.Module) -> nn.Module:
 
 
 def _synapse_weight(synapse: nn.Module) -> torch.Tensor:
-    from neurofed.deploy.constraints import effective_weight
+    from neurofed.models.quantize import effective_weight
 
     return effective_weight(synapse).float()  # fused for a factorized synapse, weight norm applied
 
@@ -153,5 +158,9 @@ def deployable_copy(model, bias_on_current_ok: bool = False) -> nn.Module:
                 if not bias_on_current_ok:
                     _refuse_shift_on_leaky_current(src, i)
                 _set_bias(target.synapse, shift)
+    if model.model_cfg.get("quantize", True) is not True:
+        from neurofed.models.quantize import first_layer_reserve, set_export_grid
+
+        set_export_grid(out, reserve_first=first_layer_reserve())
     out.deploy_expand = expand  # the readout's voltage is this many times the model's
     return out.eval()

@@ -107,6 +107,7 @@ def load_global_model(run_dir: str | Path, dataset=None, model_round: str | int 
     from neurofed.data import load_dataset
     from neurofed.training.params import ParamSpec
     from neurofed.models import build_run_model
+    from neurofed.models.quantize import for_round
     from neurofed.rundir import load_state, read_run_config
 
     run_dir = Path(run_dir)
@@ -123,7 +124,9 @@ def load_global_model(run_dir: str | Path, dataset=None, model_round: str | int 
         raise DeployError(f"{path}: {params.size} parameters, but config.yaml's model has {spec.size}")
     spec.set(model, params)
     model.eval()
-    return RunModel(model, cfg, ds, int(state.get("round", 0)))
+    rnd, rounds = int(state.get("round", 0)), int(cfg["federation"]["rounds"])
+    for_round(model, rnd or rounds, rounds)  # QAT: the weights' grid as the run evaluated that round
+    return RunModel(model, cfg, ds, rnd)
 
 
 def export_model(model: torch.nn.Module, path: str | Path, meta: dict | None = None,

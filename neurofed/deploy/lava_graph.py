@@ -51,8 +51,11 @@ def graph_refusal(model) -> str | None:
 def shortcut_weight(block, in_channels: int) -> np.ndarray:
     """The join's shortcut as Lava conv weights (out, kx, ky, in): the 1×1 conv's integer
     weights, or the identity's 1.0 (64 in SLAYER's integer units)."""
-    if block.shortcut is None:
-        return (64 * np.eye(in_channels, dtype=np.int64)).reshape(in_channels, 1, 1, in_channels)
+    from neurofed.models.quantize import weight_exponent
+
+    if block.shortcut is None:  # on the join's grid: 1.0 is 64 x 2^k (neurofed.models.quantize)
+        one = int(64 * 2.0 ** weight_exponent(block.synapse))
+        return (one * np.eye(in_channels, dtype=np.int64)).reshape(in_channels, 1, 1, in_channels)
     from neurofed.deploy.constraints import integer_weight
 
     w = integer_weight(block.shortcut).cpu().numpy()  # (out, in, 1, 1, 1)

@@ -29,10 +29,11 @@ import numpy as np
 import torch
 
 from neurofed.deploy import DeployError
+from neurofed.models.quantize import GRADED_INPUT_BITS
 from neurofed.seeds import seed_for
 
 ENCODINGS = ("rate", "events", "direct")
-INPUT_BITS = 6  # fractional bits of a graded input value: pixel steps of 1/64
+INPUT_BITS = GRADED_INPUT_BITS  # fractional bits of a graded input value: pixel steps of 1/64
 MESSAGE_BITS = 16  # graded-spike payload width given to netx (signed): |value| < 2^(16 - 1 - INPUT_BITS)
 
 
@@ -101,7 +102,10 @@ def fitting_input_bits(model, bias_exp: int = 6) -> int:
     bias = integer_bias(synapse) if synapse is not None else None
     if bias is None or not bias.numel():
         return INPUT_BITS
-    worst = int(bias.abs().max())
+    from neurofed.models.quantize import weight_exponent
+
+    k = weight_exponent(synapse)  # the layer's own exponent scales its bias first (neurofed.models.quantize)
+    worst = int(bias.abs().max()) << k if k >= 0 else int(bias.abs().max()) >> -k
     for bits in range(INPUT_BITS, 0, -1):
         if bits >= bias_exp - NETX_BIAS_EXP and graded_bias(worst, bits, bias_exp) <= MAX_BIAS_MANTISSA:
             return bits

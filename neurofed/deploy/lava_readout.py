@@ -60,19 +60,29 @@ def graded_bias(bias, bits: int, bias_exp: int):
     return bias << (bits - (bias_exp - NETX_BIAS_EXP))
 
 
-def scale_threshold(group: h5py.Group, bits: int, bias_exp: int = NETX_BIAS_EXP) -> None:
-    """Layer entry ``group``'s threshold mantissa and bias x 2^bits: its state runs 2^bits finer.
-    The bias is written for a neuron with exponent ``bias_exp`` (netx's 6, or up to Lava's 7
-    where the caller sets it: twice the range)."""
+def _shift(a: np.ndarray, bits: int) -> np.ndarray:
+    """``a`` x 2^bits (integers; a negative ``bits`` only where exact, as the exponents are chosen)."""
+    return np.left_shift(a, bits) if bits >= 0 else np.right_shift(a, -bits)
+
+
+def scale_threshold(group: h5py.Group, bits: int, bias_exp: int = NETX_BIAS_EXP,
+                    why: str = "layer 0 (graded input)") -> None:
+    """Layer entry ``group``'s threshold mantissa and bias x 2^bits: its state runs 2^bits finer
+    (graded input, or the layer's exponent: :mod:`neurofed.models.quantize`). The bias is written
+    for a neuron with exponent ``bias_exp`` (netx's 6, or up to Lava's 7 where the caller sets it:
+    twice the range). The voltage readout's threshold stays at its largest mantissa."""
     if "bias" in group:
-        bias = graded_bias(np.asarray(group["bias"][()]), bits, bias_exp)
+        bias = graded_bias(np.asarray(group["bias"][()]), bits, bias_exp) if bits >= 0 else \
+            _shift(np.asarray(group["bias"][()]), bits)
         del group["bias"]
-        check_bias(bias, f"layer 0 (graded input: its bias x 2^{bits}, exponent {bias_exp})")
+        check_bias(bias, f"{why}: its bias x 2^{bits}, exponent {bias_exp}")
         group.create_dataset("bias", data=bias)
-    mantissa = int(np.asarray(group["neuron/vThMant"][()]).max()) << bits
-    if mantissa > MAX_THRESHOLD_MANTISSA:
-        raise DeployError(f"layer 0: graded input scales the threshold mantissa to {mantissa}, beyond Lava's "
-                          f"{MAX_THRESHOLD_MANTISSA} (17 bits); lower the threshold")
-    data = np.asarray(group["neuron/vThMant"][()]) << bits
+    current = np.asarray(group["neuron/vThMant"][()])
+    if int(current.max()) == MAX_THRESHOLD_MANTISSA:
+        return  # the voltage readout: it must never fire
+    data = _shift(current, bits)
+    if int(data.max()) > MAX_THRESHOLD_MANTISSA:
+        raise DeployError(f"{why}: its state 2^{bits} finer scales the threshold mantissa to {int(data.max())}, "
+                          f"beyond Lava's {MAX_THRESHOLD_MANTISSA} (17 bits); lower the threshold")
     del group["neuron/vThMant"]
     group.create_dataset("neuron/vThMant", data=data)

@@ -73,7 +73,8 @@ def write_layer(group: h5py.Group, index: int, layer, block, voltage: bool) -> N
     from types import SimpleNamespace
 
     from neurofed.compat import slayer
-    from neurofed.deploy.lava_readout import write_voltage_layer
+    from neurofed.deploy.lava_readout import scale_threshold, write_voltage_layer
+    from neurofed.models.quantize import weight_exponent
     from neurofed.models.residual import ResidualJoin
 
     if layer.kind == "pool":
@@ -86,3 +87,6 @@ def write_layer(group: h5py.Group, index: int, layer, block, voltage: bool) -> N
     else:
         block.export_hdf5(group)
     write_bias(block, group, index)
+    exponent = weight_exponent(block.synapse) if getattr(block, "synapse", None) is not None else 0
+    if exponent:  # its weights are 2^k larger integers: its state runs 2^k finer (neurofed.models.quantize)
+        scale_threshold(group, exponent, why=f"layer {index} (exponent {exponent})")

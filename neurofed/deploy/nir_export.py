@@ -236,8 +236,10 @@ def _real_weight(block) -> np.ndarray:
     SLAYER's trailing time-kernel axis."""
     from neurofed.deploy.constraints import integer_weight
 
-    with torch.no_grad():
-        w = integer_weight(block.synapse).double() / block.neuron.w_scale
+    from neurofed.models.quantize import weight_exponent
+
+    with torch.no_grad():  # a layer's exponent k: its integers are 2^k times finer steps (models.quantize)
+        w = integer_weight(block.synapse).double() / block.neuron.w_scale / 2.0 ** weight_exponent(block.synapse)
     return w[..., 0].cpu().numpy()
 
 
