@@ -418,8 +418,8 @@ def table(rows: list[dict], header: str) -> str:
         if r.get("accuracy_per_round"):
             out.append(f"  Test accuracy per round: {' '.join(f'{a:.2f}' for a in r['accuracy_per_round'])}.")
         if r.get("reused"):
-            out.append("  Reused (`--reuse`): trained by an earlier run of this command (its config.yaml differs at most "
-                       "in `export`); its export, Lava check and accuracies are this version's.")
+            out.append("  Reused (`--reuse`): trained by an earlier run of this command (its config.yaml differs "
+                       "at most in `export`); its export, Lava check and accuracies are this version's.")
         if r.get("extra"):
             out.append(f"  {r['extra']}")
         for seed, sr in r.get("seeds", {}).items():

@@ -98,7 +98,7 @@ class LayerUse:
     synapses: int
     cores: int
     weight_range: tuple[int, int]  # integer weights as exported (SLAYER's 8-bit units x 64)
-    max_current: float  # worst-case synaptic current, SLAYER units
+    max_current: float  # worst-case synaptic current in the layer's state units: SLAYER units x 2^k (its exponent)
 
     def row(self) -> str:
         return (f"{self.index:>3} {self.kind:<6} {'x'.join(map(str, self.shape)):>12} {self.neurons:>9,} "
