@@ -95,6 +95,9 @@ class ExportGrid:
     def __eq__(self, other) -> bool:
         return isinstance(other, ExportGrid) and other.exponent == self.exponent
 
+    def __hash__(self) -> int:
+        return hash((ExportGrid, self.exponent))
+
     def __repr__(self) -> str:
         return f"ExportGrid({self.exponent})"
 
