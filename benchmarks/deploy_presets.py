@@ -223,9 +223,10 @@ def exported_accuracies(run_dir: Path) -> dict:
     from neurofed.training.local import evaluate
     from qat_accuracy import accuracies
 
-    float_weights, grid, one_grid = accuracies(run_dir)
-    model, cfg, ds, _ = load_global_model(run_dir)
-    set_export_grid(model, on=False)
+    run = load_global_model(run_dir)
+    float_weights, grid, one_grid = accuracies(run)
+    model, cfg, ds, _ = run
+    set_export_grid(model, on=False)  # accuracies leaves it on the one grid
     x, y, seed = torch.as_tensor(ds.x_test), torch.as_tensor(ds.y_test), seed_for(cfg["seed"], "eval")
     noisy = []
     for draw in range(NOISE_DRAWS):

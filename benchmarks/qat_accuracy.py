@@ -37,20 +37,20 @@ from common import Report, machine_header  # noqa: E402
 DEFAULT = "sfedca_mnist_dir03,fedlec_cifar10_iid"
 
 
-def accuracies(out: Path) -> tuple[float, float, float]:
-    """(float, 8-bit, one grid) test accuracy of the run's last global model on the run's test
-    samples: with float weights; as export writes it (``deployable_copy``: batch norm folded,
-    each layer on its own exponent's grid, ``neurofed.models.quantize``); and on SLAYER's one
-    grid for every layer (exponent 0, unfolded: export before per-layer exponents)."""
+def accuracies(run) -> tuple[float, float, float]:
+    """(float, 8-bit, one grid) test accuracy of a run's global model (``load_global_model``'s
+    result) on the run's test samples: with float weights; as export writes it
+    (``deployable_copy``: batch norm folded, each layer on its own exponent's grid,
+    ``neurofed.models.quantize``); and on SLAYER's one grid for every layer (exponent 0,
+    unfolded: export before per-layer exponents). Leaves the model on that one grid."""
     import torch
 
     from neurofed.deploy.deployable import deployable_copy
-    from neurofed.deploy.export import load_global_model
     from neurofed.models.quantize import quantize_export, set_export_grid, set_weight_hook
     from neurofed.seeds import seed_for
     from neurofed.training.local import evaluate
 
-    model, cfg, ds, _ = load_global_model(out)
+    model, cfg, ds, _ = run
     x, y, seed = torch.as_tensor(ds.x_test), torch.as_tensor(ds.y_test), seed_for(cfg["seed"], "eval")
     exported = evaluate(deployable_copy(model), x, y, cfg, seed)["accuracy"]
     set_export_grid(model, on=False)
@@ -63,6 +63,7 @@ def main(argv=None) -> int:
     import torch
 
     from neurofed.config import load_config
+    from neurofed.deploy.export import load_global_model
     from neurofed.pipeline import run
     from preset_learning import overrides, scale_for
 
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
             for label, extra in (("float", ["model.quantize=false"]), ("qat", [f"model.quantize={qat_from}"])):
                 cfg = load_config(preset, over + extra)
                 run(cfg, Path(tmp) / label, progress=False)
-                acc[label] = accuracies(Path(tmp) / label)[:2]
+                acc[label] = accuracies(load_global_model(Path(tmp) / label))[:2]
         (f, q), (qat_f, qat) = acc["float"], acc["qat"]
         say(f"{name} | {cfg['data']['name']} | {rounds} | {100 * f:.1f} | {100 * q:.1f} | {100 * (f - q):+.1f} | "
             f"{100 * qat:.1f} (QAT from round {qat_from}) | {100 * qat_f:.1f}")

@@ -29,7 +29,7 @@ import torch
 import yaml
 
 from neurofed.deploy import DeployError
-from neurofed.models.quantize import effective_weight
+from neurofed.models.quantize import effective_weight, settle_steps
 from neurofed.resources import profiles_dir
 
 PROFILE_DIR = profiles_dir()  # the shipped profiles (neurofed.resources)
@@ -238,9 +238,7 @@ def _layer_use(index: int, layer, block, timesteps: int) -> LayerUse:
         pos = w.clamp(min=0).sum()
     # Worst case: every input spikes every step; the current decays by current_decay
     # per step, so it settles at (sum of positive weights) / current_decay.
-    # SLAYER keeps the decay as an integer fraction of p_scale (4096 = 1.0)
-    decay = float(block.neuron.current_decay) / block.neuron.p_scale if hasattr(block.neuron, "current_decay") else 0.0
-    settle = min(timesteps, 1.0 / decay) if decay > 0 else timesteps
+    settle = settle_steps(block.neuron, timesteps)
     return LayerUse(index, layer.kind, tuple(layer.out_shape), neurons, fan_in, neurons * fan_in, 0,
                     (int(w.min()), int(w.max())), float(pos) / 64.0 * settle)
 

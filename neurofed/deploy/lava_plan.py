@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from neurofed.deploy import DeployError
-from neurofed.models.quantize import GRADED_INPUT_BITS
+from neurofed.models.quantize import GRADED_INPUT_BITS, set_state_exponent, weight_exponent
 from neurofed.seeds import seed_for
 
 ENCODINGS = ("rate", "events", "direct")
@@ -96,16 +96,14 @@ def fitting_input_bits(model, bias_exp: int = 6) -> int:
     mantissa at exponent ``bias_exp`` (netx's 6; the residual graph's 7): a stem whose norm
     shift is large gets a coarser input grid instead of a refusal (both sides see that grid)."""
     from neurofed.deploy.deployable import integer_bias
-    from neurofed.deploy.lava_readout import MAX_BIAS_MANTISSA, NETX_BIAS_EXP, graded_bias
+    from neurofed.deploy.lava_readout import MAX_BIAS_MANTISSA, NETX_BIAS_EXP, graded_bias, shift
 
     synapse = getattr(first_block(model), "synapse", None)
     bias = integer_bias(synapse) if synapse is not None else None
     if bias is None or not bias.numel():
         return INPUT_BITS
-    from neurofed.models.quantize import weight_exponent
-
     k = weight_exponent(synapse)  # the layer's own exponent scales its bias first (neurofed.models.quantize)
-    worst = int(bias.abs().max()) << k if k >= 0 else int(bias.abs().max()) >> -k
+    worst = int(shift(int(bias.abs().max()), k))
     for bits in range(INPUT_BITS, 0, -1):
         if bits >= bias_exp - NETX_BIAS_EXP and graded_bias(worst, bits, bias_exp) <= MAX_BIAS_MANTISSA:
             return bits
@@ -212,16 +210,12 @@ def graded_first_layer(model, bits: int | None):
         yield model
         return
     block = first_block(model)
-    neuron = block.neuron
-    saved = neuron.s_scale, neuron.threshold_eps
-    neuron.s_scale = saved[0] * (1 << bits)
-    # SLAYER's 0.01 / s_scale would vanish in float32 next to the threshold (v == threshold would
-    # fire; Lava fires on v > threshold): half a unit of the scaled state keeps the strict test
-    neuron.threshold_eps = 0.5 / neuron.s_scale
+    k = weight_exponent(block.synapse)  # the layer's own exponent, graded input's bits on top
+    set_state_exponent(block.neuron, k + bits)
     try:
         yield model
     finally:
-        neuron.s_scale, neuron.threshold_eps = saved
+        set_state_exponent(block.neuron, k)
 
 
 # ----------------------------------------------------------------------------- torch

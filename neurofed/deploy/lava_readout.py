@@ -16,9 +16,7 @@ import h5py
 import numpy as np
 
 from neurofed.deploy import DeployError
-
-MAX_THRESHOLD_MANTISSA = (1 << 17) - 1  # Lava LIF's vth: unsigned 17 bits (lava/proc/lif/process.py)
-MAX_BIAS_MANTISSA = (1 << 12) - 1  # Lava LIF's bias_mant: signed 13 bits (lava/proc/lif/process.py)
+from neurofed.models.quantize import MAX_BIAS_MANTISSA, MAX_THRESHOLD_MANTISSA  # noqa: F401  (read from here too)
 
 
 def check_bias(bias: np.ndarray, where: str) -> None:
@@ -54,15 +52,15 @@ NETX_BIAS_EXP = 6  # netx's hdf5 reader gives every neuron this bias exponent
 MAX_BIAS_EXP = 7  # Lava LIF's bias_exp: unsigned 3 bits
 
 
+def shift(a, bits: int):
+    """Integers ``a`` x 2^bits (a negative ``bits`` only where exact, as the exponents are chosen)."""
+    return np.left_shift(a, bits) if bits >= 0 else np.right_shift(a, -bits)
+
+
 def graded_bias(bias, bits: int, bias_exp: int):
     """A bias (integer, input units) as the mantissa of a neuron whose state is 2^bits finer
-    and whose bias exponent is ``bias_exp`` (``bits`` >= ``bias_exp`` - 6)."""
-    return bias << (bits - (bias_exp - NETX_BIAS_EXP))
-
-
-def _shift(a: np.ndarray, bits: int) -> np.ndarray:
-    """``a`` x 2^bits (integers; a negative ``bits`` only where exact, as the exponents are chosen)."""
-    return np.left_shift(a, bits) if bits >= 0 else np.right_shift(a, -bits)
+    and whose bias exponent is ``bias_exp``."""
+    return shift(bias, bits - (bias_exp - NETX_BIAS_EXP))
 
 
 def scale_threshold(group: h5py.Group, bits: int, bias_exp: int = NETX_BIAS_EXP,
@@ -72,15 +70,14 @@ def scale_threshold(group: h5py.Group, bits: int, bias_exp: int = NETX_BIAS_EXP,
     for a neuron with exponent ``bias_exp`` (netx's 6, or up to Lava's 7 where the caller sets it:
     twice the range). The voltage readout's threshold stays at its largest mantissa."""
     if "bias" in group:
-        bias = graded_bias(np.asarray(group["bias"][()]), bits, bias_exp) if bits >= 0 else \
-            _shift(np.asarray(group["bias"][()]), bits)
+        bias = graded_bias(np.asarray(group["bias"][()]), bits, bias_exp)
         del group["bias"]
         check_bias(bias, f"{why}: its bias x 2^{bits}, exponent {bias_exp}")
         group.create_dataset("bias", data=bias)
     current = np.asarray(group["neuron/vThMant"][()])
     if int(current.max()) == MAX_THRESHOLD_MANTISSA:
         return  # the voltage readout: it must never fire
-    data = _shift(current, bits)
+    data = shift(current, bits)
     if int(data.max()) > MAX_THRESHOLD_MANTISSA:
         raise DeployError(f"{why}: its state 2^{bits} finer scales the threshold mantissa to {int(data.max())}, "
                           f"beyond Lava's {MAX_THRESHOLD_MANTISSA} (17 bits); lower the threshold")

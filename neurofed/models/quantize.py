@@ -157,6 +157,13 @@ def layer_exponent(top: float, worst: float, threshold_mantissa: int | None, bia
     return MIN_EXPONENT if registers_fit(MIN_EXPONENT) else 0
 
 
+def settle_steps(neuron: nn.Module, steps: int) -> float:
+    """Steps over which a constant input's current builds up in ``neuron``: 1 / current decay
+    (SLAYER keeps the decay as a fraction of p_scale), at most ``steps``."""
+    decay = float(neuron.current_decay) / neuron.p_scale if hasattr(neuron, "current_decay") else 0.0
+    return min(steps, 1.0 / decay) if decay > 0 else steps
+
+
 def block_exponent(block: nn.Module, reserve: int = 0, bias_units: int = SCALE) -> int:
     """:func:`layer_exponent` of a SLAYER block (its synapse, a residual join's shortcut, its
     neuron, the synapse's bias on the 1/``bias_units`` grid)."""
@@ -170,10 +177,9 @@ def block_exponent(block: nn.Module, reserve: int = 0, bias_units: int = SCALE) 
     neg = sum((-r).clamp(min=0).sum(1) for r in rows)
     if hasattr(block, "shortcut") and block.shortcut is None:  # an identity shortcut: spikes of weight 1
         top, pos = max(top, 1.0), pos + 1.0
-    decay = float(neuron.current_decay) / neuron.p_scale if hasattr(neuron, "current_decay") else 1.0
     mantissa = int(neuron.v_th_mant)
     readout = mantissa <= 0  # SLAYER's Affine: a neuron that never fires
-    settle = READOUT_STEPS if readout else (min(READOUT_STEPS, 1.0 / decay) if decay > 0 else READOUT_STEPS)
+    settle = READOUT_STEPS if readout else settle_steps(neuron, READOUT_STEPS)
     worst = float(torch.maximum(pos, neg).max()) * settle
     bias = getattr(syn, "bias", None)
     bias = None if bias is None else torch.round(bias.detach().float() * bias_units).long()
