@@ -59,3 +59,40 @@ class Report:
             fh.write(self._buf.getvalue())
         print(f"saved {path}")
         return path
+
+
+def run_rounds(run_dir) -> list[dict]:
+    """The per-round records of a run folder's metrics.jsonl (a line cut by an interrupted
+    run is skipped: the resumed run writes it again)."""
+    import json
+    from pathlib import Path
+
+    path = Path(run_dir) / "metrics.jsonl"
+    rows = []
+    for line in (path.read_text(encoding="utf-8").splitlines() if path.exists() else []):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def run_to(config: str, run_dir, rounds: int, sets: list[str], log_path) -> int:
+    """``neurofed run config`` in ``run_dir`` up to ``rounds`` rounds: nothing when it holds
+    them already, resumed when it holds fewer (only federation.rounds may grow), started
+    otherwise. Output goes to ``log_path``; returns the exit status."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run_dir = Path(run_dir)
+    if len(run_rounds(run_dir)) >= rounds:
+        return 0
+    cmd = [str(Path(sys.executable).with_name("neurofed")), "run", config, "--out", str(run_dir), "--quiet"]
+    if run_dir.exists():
+        cmd.append("--resume")
+    for s in [*sets, f"federation.rounds={rounds}"]:
+        cmd += ["--set", s]
+    print(" ".join(cmd[1:]), flush=True)
+    with open(log_path, "a", encoding="utf-8") as log:
+        return subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode

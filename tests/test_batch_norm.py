@@ -61,3 +61,65 @@ def test_running_statistics_travel_with_the_global_model():
     for name in stats:
         np.testing.assert_array_equal(dict(fresh.named_parameters())[name].detach().numpy(),
                                       dict(model.named_parameters())[name].detach().numpy())
+
+
+def test_precise_statistics_are_each_norms_mean_over_the_batches_under_the_present_weights():
+    from neurofed.models.norm import precise_statistics
+
+    torch.manual_seed(2)
+    model = build_model({"name": "sfedca_mnist", "width": 0.25, "norm": "batch"}, (1, 28, 28), 10)
+    norms = [m for m in model.modules() if isinstance(m, ChannelBatchNorm)]
+    seen = {id(n): [] for n in norms}
+    hooks = [n.register_forward_hook(lambda mod, inp, out: seen[id(mod)].append(inp[0].detach())) for n in norms]
+    batches = [torch.rand(5, 1, 28, 28, 4) for _ in range(3)]
+    weights = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+    assert precise_statistics(model, iter(batches)) == 3
+    for h in hooks:
+        h.remove()
+    for n in norms:
+        per_batch = [z.transpose(0, 1).reshape(z.shape[1], -1) for z in seen[id(n)]]
+        torch.testing.assert_close(n.running_mean, torch.stack([z.mean(1) for z in per_batch]).mean(0))
+        torch.testing.assert_close(n.running_var, torch.stack([z.var(1) for z in per_batch]).mean(0))
+        assert n.momentum == 0.1  # the tracked average resumes as before in the next training
+    assert all(torch.equal(v, weights[k]) for k, v in model.named_parameters() if v.requires_grad)
+    assert model.training  # the caller's mode
+
+
+def test_precise_statistics_close_each_local_training_when_asked():
+    """model.norm_statistics: precise: a client's update carries the statistics of its data under
+    the weights it trained (what the tracked average only approaches); running: as tracked."""
+    from neurofed.config import load_config
+    from neurofed.models.norm import precise_statistics
+    from neurofed.training.local import encoded_batches, make_optimizer, train_local
+
+    class PlainSgd:  # FedAvg's local step: the optimizer of the config on the cross-entropy
+        def make_optimizer(self, model, fed):
+            return make_optimizer([p for p in model.parameters() if p.requires_grad], fed)
+
+        def loss(self, model, out, y, x):
+            return F.cross_entropy(model.readout(out), y)
+
+        def before_step(self, model, opt):
+            pass
+
+        after_step = before_step
+
+    x, y = torch.rand(40, 1, 28, 28), torch.randint(0, 10, (40,))
+    stats = {}
+    for mode in ("running", "precise"):
+        cfg = load_config("examples/papers/sfedca_mnist_dir03.yaml",
+                          ["model.width=0.25", "data.timesteps=4", f"model.norm_statistics={mode}",
+                           "federation.local_epochs=1", "federation.batch_size=16"])
+        torch.manual_seed(3)
+        model = build_model({**cfg["model"], "name": "sfedca_mnist"}, (1, 28, 28), 10)
+        train_local(model, x, y, cfg, PlainSgd(), seed=0)
+        stats[mode] = [(n.running_mean.clone(), n.running_var.clone()) for n in model.modules()
+                       if isinstance(n, ChannelBatchNorm)]
+        if mode == "precise":
+            precise_statistics(model, (xb for _, xb, _ in encoded_batches(model, x, None, cfg["data"], 16,
+                                                                            torch.Generator(), shuffle=False)))
+            again = [(n.running_mean, n.running_var) for n in model.modules() if isinstance(n, ChannelBatchNorm)]
+            for (m1, v1), (m2, v2) in zip(stats[mode], again):  # direct input: the same batches, the same means
+                torch.testing.assert_close(m1, m2)
+                torch.testing.assert_close(v1, v2)
+    assert any(not torch.allclose(a[0], b[0]) for a, b in zip(stats["running"], stats["precise"]))

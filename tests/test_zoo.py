@@ -325,12 +325,44 @@ def test_energy_prices_the_layer_after_an_analog_pool_as_macs():
     assert maps.output_spikes[-1] == 0  # nor does a voltage readout (it counted its voltage before)
 
 
-def test_batch_norm_with_the_firing_init_refused_in_one_line():
+def test_the_firing_init_scales_only_the_layers_no_norm_scales_and_keeps_the_running_statistics():
+    """With model.norm: batch the norm sets a normed layer's scale (a gain would be undone), so
+    the firing init scales the un-normed output layer alone, measured as the first training
+    step runs the normed ones (on the batch's statistics); it leaves the running statistics
+    as built. The start-up health check measures the same way."""
+    from neurofed.config import load_config
+    from neurofed.fl.health import start_rates
+    from neurofed.models.init import calibrate_firing
+    from neurofed.models.norm import ChannelBatchNorm
+
+    torch.manual_seed(0)
+    model = build_model({"name": "sfedca_mnist", "width": 0.25, "norm": "batch"}, (1, 28, 28), 10)
+    with torch.no_grad():  # an output layer too quiet to fire: the init must raise it
+        model.blocks[-1].synapse.weight.mul_(0.01)
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    x = torch.rand(64, 1, 28, 28)
+    cfg = load_config("examples/digits_fedavg.yaml", ["model.norm=batch", "model.init=firing", "data.timesteps=6",
+                                                      "data.encoding=direct"])
+    before = start_rates(model, cfg, x)
+    record = calibrate_firing(model, x.unsqueeze(-1).repeat(1, 1, 1, 1, 6), (0.02, 0.2))
+    after = start_rates(model, cfg, x)
+    normed = [r for r in record if r.get("normed")]
+    assert [r["layer"] for r in normed] == [i for i, b in enumerate(model.blocks)
+                                            if isinstance(getattr(b, "norm", None), ChannelBatchNorm)] == [0, 1, 4]
+    assert all(r["gain"] == 1.0 for r in normed) and min(before[:3]) > 0.01  # normed layers fire as built
+    out = record[-1]
+    assert out["layer"] == 5 and out["rate_before"] < 0.02 <= out["rate_after"] <= 0.2 and out["gain"] > 1
+    assert before[-1] < 0.02 and abs(after[-1] - out["rate_after"]) < 1e-6  # the health check sees what it saw
+    for name, p in model.named_parameters():
+        if name.startswith("blocks.5.") and name.endswith("weight"):
+            assert torch.allclose(p, weights[name] * out["gain"])
+        else:  # normed layers' weights and every running statistic as built
+            assert torch.equal(p, weights[name]), name
+
+
+def test_model_choices_refused_in_one_line():
     from neurofed.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError) as err:
-        load_config("examples/digits_fedavg.yaml", ["model.norm=batch", "model.init=firing"])
-    assert "\n" not in str(err.value) and "model.init" in str(err.value) and "init slayer" in str(err.value)
     with pytest.raises(ConfigError, match="model.global_pool: got 'mean'; allowed: spikes, analog"):
         load_config("examples/digits_fedavg.yaml", ["model.global_pool=mean"])
 

@@ -46,7 +46,8 @@ def start_rates(model, cfg: dict, x_train: torch.Tensor) -> list[float]:
     from neurofed.models.init import calibration_indices
 
     idx, _ = calibration_indices(cfg, len(x_train))
-    _, spikes = forward_dataset(model, x_train[idx], cfg["data"], seed_for(cfg["seed"], "init_batch"))
+    _, spikes = forward_dataset(model, x_train[idx], cfg["data"], seed_for(cfg["seed"], "init_batch"),
+                                batch_statistics=True)  # as the first training step runs a normed layer
     return layer_firing_rates(model, spikes, cfg["data"]["timesteps"]).tolist()
 
 

@@ -15,6 +15,7 @@ MODEL_KINDS = ("snn", "ann")
 READOUTS = ("spikes", "voltage")
 POOLS = ("sum", "max", "avg")  # neurofed.models.snn.pool_neuron
 NORMS = ("none", "batch")  # neurofed.models.norm
+NORM_STATISTICS = ("running", "precise")  # neurofed.models.norm.precise_statistics
 GLOBAL_POOLS = ("spikes", "analog")  # neurofed.models.snn.AnalogGlobalPool
 
 
@@ -76,6 +77,10 @@ MODEL_DEFAULTS: dict = {
     # none | batch (batch norm before each hidden layer's neurons; the SFedHIFI authors' ResNet;
     # folded into weights and biases at export): neurofed.models.norm
     "norm": "none",
+    # running: the norm's running statistics as training tracks them (PyTorch's exponential
+    # average, momentum 0.1); precise: recomputed after each client's local training as the
+    # mean over its data under the trained weights (PreciseBN): neurofed.models.norm
+    "norm_statistics": "running",
     # slayer: SLAYER's weights; firing: each layer rescaled on a training batch to fire within
     # init_rates (neurofed.models.init, LSUV on firing rates)
     "init": "slayer",
@@ -105,19 +110,14 @@ register_section(Section("model", MODEL_DEFAULTS, lambda: {
     "model.pool": choice(POOLS),
     "model.global_pool": choice(GLOBAL_POOLS),
     "model.norm": choice(NORMS),
+    "model.norm_statistics": choice(NORM_STATISTICS),
     "model.init": choice(INIT_MODES),
     "model.init_rates": rate_band,
     "model.init_samples": number(1, integer=True),
     "model.bank_fraction": number(0, 1, lo_open=True),
     "model.group_fraction": number(0, 1, lo_open=True),
-}, cross_checks=lambda cfg: _model_cross_checks(cfg["model"])))
+}))
 
-
-def _model_cross_checks(model: dict) -> list[str]:
-    if model["norm"] == "batch" and model["init"] == "firing":
-        return ["model.init: firing rescales each layer's weights, which model.norm: batch undoes (the norm sets "
-                "each layer's current to mean 0, std 1 itself); allowed with norm batch: init slayer"]
-    return []
 
 __all__ = ["MODEL_DEFAULTS", "Layer", "ZOO", "register_topology", "topology", "build_model", "build_run_model", "model_names",
            "MODEL_KINDS"]

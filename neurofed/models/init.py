@@ -25,6 +25,10 @@ applied before SLAYER's 8-bit quantization hook, which keeps every weight on the
 grid). Fixed-weight layers (pools) are not scaled: a trainable layer followed by pools is
 calibrated on the rate of the last of those pools, so that spikes pass through them. A
 residual join scales its main and shortcut synapses by the same factor.
+With ``model.norm: batch`` a normed layer's norm sets its current to mean 0, std 1 whatever
+its weights' scale (it would undo a gain), so only the layers without a norm (the output
+layer) are scaled; the normed ones run on the batch's own statistics, as the first training
+step runs them (:func:`as_training_starts`), and their running statistics are left as built.
 A layer that reads out its voltage (``model.readout: voltage``) has no rate: it is scaled,
 as LSUV scales every layer, so that the logits it gives have unit standard deviation on
 the batch (``READOUT_STD``; the logits are linear in its weights, so one factor is exact).
@@ -35,8 +39,11 @@ small that SGD spent its first rounds at a loss of ln K.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
+
+from neurofed.models.norm import ChannelBatchNorm
 
 INIT_MODES = ("slayer", "firing")
 READOUT_STD = 1.0  # a voltage readout's logit std on the calibration batch (LSUV's unit variance)
@@ -85,17 +92,19 @@ def calibrate_firing(model, x: torch.Tensor, rates: tuple[float, float]) -> list
     before and after, and the gain applied (1.0 when none was needed)."""
     lo, hi = rates
     layers = model.layers
-    was_training = model.training
-    model.eval()
     record = []
-    try:
+    with as_training_starts(model):
         h, i = x, 0  # the input of layer i under the layers calibrated so far
         while i < len(layers):
             group = [i]  # a trainable layer and the fixed-weight pools right after it
             while layers[i].kind != "pool" and group[-1] + 1 < len(layers) and layers[group[-1] + 1].kind == "pool":
                 group.append(group[-1] + 1)
             params = _scaled_parameters(model.blocks[i])
-            if params and model.is_voltage_layer(i):
+            if isinstance(getattr(model.blocks[i], "norm", None), ChannelBatchNorm):
+                out = _run(model, group, h)
+                record.append({"layer": i, "kind": layers[i].kind, "measured_at": group[-1], "gain": 1.0,
+                               "normed": True, "rate_after": _rate(out) if layers[group[-1]].has_neurons else None})
+            elif params and model.is_voltage_layer(i):
                 before = float(model.readout(_run(model, group, h)).std())
                 gain = READOUT_STD / before if before > 0 else 1.0
                 for p in params:
@@ -120,9 +129,29 @@ def calibrate_firing(model, x: torch.Tensor, rates: tuple[float, float]) -> list
                 out = _run(model, group, h)
             h = out
             i = group[-1] + 1
-    finally:
-        model.train(was_training)
     return record
+
+
+@contextmanager
+def as_training_starts(model):
+    """``model`` as its first training step sees a batch, without training it: evaluation
+    mode (no dropout, no state kept), except that each batch norm normalizes with the batch's
+    own statistics, as in training (at the start its running ones are 0 and 1, which no
+    trained step uses). The running statistics are left as they were."""
+    norms = [m for m in model.modules() if isinstance(m, ChannelBatchNorm)]
+    kept = [(n.running_mean.detach().clone(), n.running_var.detach().clone()) for n in norms]
+    was_training = model.training
+    model.eval()
+    for n in norms:
+        n.train()
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for n, (mean, var) in zip(norms, kept):
+                n.running_mean.copy_(mean)
+                n.running_var.copy_(var)
+        model.train(was_training)
 
 
 def _run(model, indices: list[int], h: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from torch import nn
 
 from neurofed.compat import slayer as _slayer
 from neurofed.models.factorized import factorized_conv_block
-from neurofed.models.norm import batch_normed
+from neurofed.models.norm import ChannelBatchNorm, batch_normed
 from neurofed.models.quantize import build_hook, quantize_8bit  # noqa: F401  (quantize_8bit: also read from here)
 from neurofed.models.residual import residual_join_block
 from neurofed.models.spec import Layer
@@ -240,21 +240,24 @@ class AnnNet(nn.Module):
             raise ValueError("model.kind: ann is not built for residual models (resnet18); "
                              "their energy report prices the ANN twin's MACs from the layer list")
         self.layers = layers
+        # the twin of a normed SNN is normed alike: the same per-channel norm before each
+        # hidden layer's units (running statistics averaged by the server as the SNN's)
+        normed = model_cfg.get("norm", "none") == "batch"
         mods: list[nn.Module] = []
         last = len(layers) - 1
         for i, layer in enumerate(layers):
             if layer.kind == "conv":
-                mods += [nn.Conv2d(layer.in_shape[0], layer.out, layer.kernel, layer.stride, layer.padding), nn.ReLU()]
+                mods.append(nn.Conv2d(layer.in_shape[0], layer.out, layer.kernel, layer.stride, layer.padding))
             elif layer.kind == "pool":
                 mods.append(nn.AvgPool2d(layer.kernel, layer.stride))
             elif layer.kind == "flatten":
                 mods.append(nn.Flatten())
             elif layer.kind == "dense":
                 mods.append(nn.Linear(layer.in_shape[0], layer.out))
-                if i != last:
-                    mods.append(nn.ReLU())
+            if layer.kind in ("conv", "dense") and i != last:
+                mods += [ChannelBatchNorm(layer.out)] if normed else []
+                mods.append(nn.ReLU())
         self.net = nn.Sequential(*mods)
-        dropout = model_cfg.get("dropout", 0.0)
         self.record = False
         self.layer_spikes: list[torch.Tensor] = []
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import queue
 import threading
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 
 from neurofed.data.encoding import encode_for
 from neurofed.device import model_device
+from neurofed.models.init import as_training_starts
+from neurofed.models.norm import precise_statistics
 from neurofed import progress
 
 
@@ -134,34 +137,48 @@ def train_local(model, x: torch.Tensor, y: torch.Tensor, cfg: dict, hooks, seed:
         steps += 1
         shown.update(1)
     shown.close()
+    if cfg.get("model", {}).get("norm_statistics", "running") == "precise":
+        precise_statistics(model, (xb for _, xb, _ in device_batches(
+            encoded_batches(model, x, None, data_cfg, fed["batch_size"], gen, shuffle=False, device=device), device)))
     return {"train_loss": float(total) / max(seen, 1), "steps": steps}
+
+
+@contextmanager
+def evaluating(model):
+    """``model`` in evaluation mode, then back in the caller's mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()
 def forward_dataset(model, x: torch.Tensor, data_cfg: dict, seed: int, batch_size: int = 256,
-                    record: bool = True):
+                    record: bool = True, batch_statistics: bool = False):
     """Run ``model`` over ``x`` without training; return logits and per-layer spike counts.
 
     Returns ``(logits (N, K), layer_spikes (N, L) or None)``, on the CPU whatever the
     model's device (batches go to the model's device one by one). Leaves parameters,
     optimizer and buffers as they were (eval mode is restored to the caller's mode).
+    ``batch_statistics``: batch norms normalize with each batch's own statistics, as training
+    does (:func:`neurofed.models.init.as_training_starts`), not their running ones.
     """
-    was_training = model.training
-    model.eval()
     gen = torch.Generator().manual_seed(seed)
     device = model_device(model)
     model.record = record
     logits, spikes = [], []
-    try:
-        for _, xb, _ in device_batches(encoded_batches(model, x, None, data_cfg, batch_size, gen, shuffle=False,
-                                                       device=device), device):
-            out = model(xb)
-            logits.append(model.readout(out))
-            if record and model.layer_spikes:
-                spikes.append(torch.stack(model.layer_spikes, 1))
-    finally:
-        model.record = False
-        model.train(was_training)
+    with as_training_starts(model) if batch_statistics else evaluating(model):
+        try:
+            for _, xb, _ in device_batches(encoded_batches(model, x, None, data_cfg, batch_size, gen, shuffle=False,
+                                                           device=device), device):
+                out = model(xb)
+                logits.append(model.readout(out))
+                if record and model.layer_spikes:
+                    spikes.append(torch.stack(model.layer_spikes, 1))
+        finally:
+            model.record = False
     return torch.cat(logits).cpu(), (torch.cat(spikes).cpu() if spikes else None)
 
 

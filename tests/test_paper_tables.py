@@ -1,0 +1,55 @@
+"""benchmarks/paper_tables.py: every cell is a valid config of its split's preset, the paper's
+figures cover every cell, and a run folder is read into rounds to target and accuracies."""
+
+import json
+
+import pytest
+
+from neurofed.config import load_config
+from neurofed.presets import presets
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import paper_tables
+
+    return paper_tables
+
+
+def test_every_cell_is_its_splits_preset_at_the_papers_scale_with_the_methods_settings(bench):
+    paper, known = bench.load_paper(), presets()
+    for split, column in paper["splits"].items():
+        for method, (_, sets) in bench.METHODS.items():
+            cfg = load_config(known[column["preset"]], overrides=["data.root=/nonexistent", *sets])
+            fed, part = cfg["federation"], cfg["partition"]
+            assert (part["num_clients"], fed["clients_per_round"], fed["local_epochs"], fed["batch_size"]) == (100, 2, 5, 128)
+            assert (fed["optimizer"], fed["lr"], cfg["data"]["timesteps"]) == ("sgd", 0.1, 12)
+            assert cfg["model"]["kind"] == ("ann" if method == "fedavg_ann" else "snn")
+            assert fed["target_accuracy"] == column["target"], split  # Table 3's column target
+            assert method in paper["final_accuracy"] and split in paper["final_accuracy"][method]
+            assert split in paper["rounds_to_target"][method]
+
+
+def test_a_run_folder_is_read_into_rounds_to_target_and_accuracies(bench, tmp_path):
+    run = tmp_path / "dir03-sfedca"
+    run.mkdir()
+    accuracies = [0.5, 0.85, 0.91, 0.88, 0.93]
+    lines = [json.dumps({"round": i + 1, "accuracy": a, "wall_time_s": 2.0, "time_train_s": 1.5,
+                         "trained": list(range(10))}) for i, a in enumerate(accuracies)]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n{\"round\": 6, \"accur")  # a cut last line
+    row = bench.summarize("dir03", "sfedca", run, bench.load_paper())
+    assert row["rounds_run"] == 5 and row["rounds_to_target"] == 3 and row["final_accuracy"] == 0.93
+    assert row["best_accuracy"] == 0.93 and row["rounds_to"]["0.95"] is None and row["rounds_to"]["0.85"] == 2
+    assert row["paper_rounds_to_target"] == 55 and row["paper_final"] == 96.37  # SFedCA, MNIST Dir(0.3)
+    assert "| 5 | 3 (55) |" in bench.table([row], bench.load_paper())[2]
+
+
+def test_an_unknown_method_is_refused_naming_the_allowed_ones(bench, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--root", str(tmp_path), "--out", str(tmp_path), "--methods", "fedsnn,fedcat"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "fedcat" in err and "sfedca" in err and "fedavg_ann" in err
