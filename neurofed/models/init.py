@@ -39,11 +39,10 @@ small that SGD spent its first rounds at a loss of ln K.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 import torch
 
-from neurofed.models.norm import ChannelBatchNorm
+from neurofed.models.norm import ChannelBatchNorm, as_training_starts
 
 INIT_MODES = ("slayer", "firing")
 READOUT_STD = 1.0  # a voltage readout's logit std on the calibration batch (LSUV's unit variance)
@@ -130,28 +129,6 @@ def calibrate_firing(model, x: torch.Tensor, rates: tuple[float, float]) -> list
             h = out
             i = group[-1] + 1
     return record
-
-
-@contextmanager
-def as_training_starts(model):
-    """``model`` as its first training step sees a batch, without training it: evaluation
-    mode (no dropout, no state kept), except that each batch norm normalizes with the batch's
-    own statistics, as in training (at the start its running ones are 0 and 1, which no
-    trained step uses). The running statistics are left as they were."""
-    norms = [m for m in model.modules() if isinstance(m, ChannelBatchNorm)]
-    kept = [(n.running_mean.detach().clone(), n.running_var.detach().clone()) for n in norms]
-    was_training = model.training
-    model.eval()
-    for n in norms:
-        n.train()
-    try:
-        yield model
-    finally:
-        with torch.no_grad():
-            for n, (mean, var) in zip(norms, kept):
-                n.running_mean.copy_(mean)
-                n.running_var.copy_(var)
-        model.train(was_training)
 
 
 def _run(model, indices: list[int], h: torch.Tensor) -> torch.Tensor:

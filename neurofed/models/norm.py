@@ -27,6 +27,8 @@ block (the NIR export) says.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -124,23 +126,51 @@ def precise_statistics(model: nn.Module, batches) -> int:
     evaluation with the tracked statistics scored 94.8 % on the first 2,000 test images,
     with statistics recomputed over 10,000 training images 97.35 %. The rest of the model
     runs in evaluation mode (no dropout); each norm's momentum is restored."""
+    used = 0
+    with normalizing_by_batch(model) as norms:
+        if not norms:  # nothing to recompute: no pass over the data
+            return 0
+        momenta = [n.momentum for n in norms]
+        try:
+            for xb in batches:
+                used += 1
+                for n in norms:  # the k-th batch weighs 1/k: the running value is the mean so far
+                    n.momentum = 1.0 / used
+                model(xb)
+        finally:
+            for n, m in zip(norms, momenta):
+                n.momentum = m
+    return used
+
+
+@contextmanager
+def normalizing_by_batch(model: nn.Module):
+    """``model`` in evaluation mode (no dropout, no state kept) except its
+    :class:`ChannelBatchNorm` s, which normalize with each batch's own statistics and update
+    their running ones, as in training; yields those norms; restores the caller's mode."""
     norms = [m for m in model.modules() if isinstance(m, ChannelBatchNorm)]
-    if not norms:
-        return 0
-    was_training, momenta = model.training, [n.momentum for n in norms]
+    was_training = model.training
     model.eval()
     for n in norms:
         n.train()
-    used = 0
     try:
-        for xb in batches:
-            used += 1
-            for n in norms:  # the k-th batch weighs 1/k: the running value is the mean so far
-                n.momentum = 1.0 / used
-            model(xb)
+        yield norms
     finally:
-        for n, m in zip(norms, momenta):
-            n.momentum = m
         model.train(was_training)
-    return used
 
+
+@contextmanager
+def as_training_starts(model: nn.Module):
+    """``model`` as its first training step sees a batch, without training it: the norms on
+    the batch's own statistics (at the start their running ones are 0 and 1, which no
+    trained step uses), the rest in evaluation mode; the running statistics are left as
+    they were."""
+    with normalizing_by_batch(model) as norms:
+        kept = [(n.running_mean.detach().clone(), n.running_var.detach().clone()) for n in norms]
+        try:
+            yield model
+        finally:
+            with torch.no_grad():
+                for n, (mean, var) in zip(norms, kept):
+                    n.running_mean.copy_(mean)
+                    n.running_var.copy_(var)

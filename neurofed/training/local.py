@@ -16,8 +16,7 @@ import torch.nn.functional as F
 
 from neurofed.data.encoding import encode_for
 from neurofed.device import model_device
-from neurofed.models.init import as_training_starts
-from neurofed.models.norm import precise_statistics
+from neurofed.models.norm import as_training_starts, precise_statistics
 from neurofed import progress
 
 
