@@ -4,11 +4,17 @@ Both are the preset's network trained as one client holding every training image
 local epoch a round, so round = epoch), with the preset's optimizer, batch and T; the twin is
 ``model.kind=ann`` (the same layers with ReLU units, analog input, normed alike when the
 preset norms). Each ``--arm NAME=SET[,SET...]`` adds a pair under further settings (e.g. the
-preset without its batch norm). A run folder that holds the epochs asked for is read, not run
-again (fewer: resumed). Writes ``benchmarks/results/twin_curves/`` (``results.jsonl``,
-``table.md``, ``curves.png``) with ``--save``.
+preset without its batch norm); ``--set`` applies to every run. A run folder that holds the
+epochs asked for is read, not run again (fewer: resumed).
+
+With ``--root`` the preset's own data files are read and ``--save`` writes
+``benchmarks/results/twin_curves/``; without it the preset's STAND-IN
+(``neurofed.data.standins``) is used and ``--save`` writes ``benchmarks/results/twin_curves/standins/``.
+Each folder keeps ``results.jsonl`` (appended), ``table.md`` (the latest pair of every preset and
+arm in it, with the ANN − SNN gap at the last epoch) and ``curves_PRESET.png``.
 
     python benchmarks/twin_curves.py --root ../shared/data/mnist --epochs 3 --out /tmp/twins --save
+    python benchmarks/twin_curves.py --preset sfedca_fashion_mnist_dir03 --epochs 3 --out /tmp/twins --save
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test", type=int, default=None, help="test images (default: all)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--arm", action="append", default=[], help="NAME=KEY=VALUE[,KEY=VALUE...]: a further pair")
+    p.add_argument("--set", action="append", default=[], help="KEY=VALUE for every run (e.g. model.width=0.25)")
     p.add_argument("--save", action="store_true")
     args = p.parse_args(argv)
     arms = {"preset": []}
@@ -48,10 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         if not name or not sets:
             p.error(f"--arm: got {arm!r}; expected NAME=KEY=VALUE[,KEY=VALUE...]")
         arms[name] = sets.split(",")
-    base = [*CENTRAL, f"federation.threads={args.threads}",
-            *([f"data.root={args.root}"] if args.root else []),
+    base = [*CENTRAL, f"federation.threads={args.threads}", data_override(args.preset, args.root),
             *([f"data.train_subset={args.train}"] if args.train else []),
-            *([f"data.test_subset={args.test}"] if args.test else [])]
+            *([f"data.test_subset={args.test}"] if args.test else []), *args.set]
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for arm, sets in arms.items():
@@ -62,28 +68,71 @@ def main(argv: list[str] | None = None) -> int:
             if status != 0:
                 print(f"{run_dir.name}: exited {status}, see {run_dir}.log", flush=True)
             rounds = run_rounds(run_dir)[: args.epochs]
-            rows.append({"preset": args.preset, "arm": arm, "kind": kind, "sets": sets,
+            rows.append({"preset": args.preset, "data": "files" if args.root else "stand-in", "arm": arm,
+                         "kind": kind, "sets": [*args.set, *sets],
                          "accuracy": [r["accuracy"] for r in rounds], "train_loss": [r.get("train_loss") for r in rounds],
                          "epoch_s": [r.get("time_train_s") for r in rounds], "run_dir": str(run_dir),
                          "wall_s": round(time.time() - started, 1)})
-    lines = [machine_header("twin_curves", f"({args.threads} thread(s) a run)"), "",
-             "| arm | net | " + " | ".join(f"epoch {e + 1} %" for e in range(args.epochs)) + " | s / epoch |",
-             "|---|---|" + "---|" * (args.epochs + 1)]
-    for r in rows:
-        acc = [f"{100 * a:.2f}" for a in r["accuracy"]] + ["—"] * (args.epochs - len(r["accuracy"]))
-        sec = [s for s in r["epoch_s"] if s]
-        lines.append(f"| {r['arm']} | {r['kind'].upper()} | " + " | ".join(acc)
-                     + f" | {sum(sec) / len(sec) if sec else 0:.0f} |")
-    print("\n".join(lines))
+    print("\n".join(table(rows, args.threads)))
     if args.save:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        with open(RESULTS / "results.jsonl", "a", encoding="utf-8") as fh:
+        results = RESULTS if args.root else RESULTS / "standins"
+        results.mkdir(parents=True, exist_ok=True)
+        with open(results / "results.jsonl", "a", encoding="utf-8") as fh:
             for r in rows:
                 fh.write(json.dumps({**r, "recorded": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
-        (RESULTS / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        plot(rows, RESULTS / "curves.png")
-        print(f"saved {RESULTS}")
+        (results / "table.md").write_text("\n".join(table(recorded(results), args.threads)) + "\n", encoding="utf-8")
+        plot([r for r in recorded(results) if r["preset"] == args.preset],
+             results / ("curves.png" if args.root else f"curves_{args.preset}.png"))
+        print(f"saved {results}")
     return 0
+
+
+def data_override(preset: str, root: str | None) -> str:
+    """``data.root=ROOT``, or the preset's stand-in data set when no files are given."""
+    if root:
+        return f"data.root={root}"
+    import yaml
+
+    from neurofed.data.standins import standin_name
+    from neurofed.presets import resolve
+
+    name = yaml.safe_load(Path(resolve(preset)).read_text(encoding="utf-8"))["data"]["name"]
+    standin = standin_name(name)
+    if standin is None:
+        sys.exit(f"twin_curves: preset {preset!r} reads {name!r}, which has no stand-in; give its files with --root")
+    return f"data.name={standin}"
+
+
+def recorded(results: Path) -> list[dict]:
+    """The latest recorded pair of every (preset, arm), in the order first recorded."""
+    latest: dict[tuple, dict] = {}
+    for line in (results / "results.jsonl").read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        latest.pop((r["preset"], r["arm"], r["kind"]), None)
+        latest[(r["preset"], r["arm"], r["kind"])] = r
+    return list(latest.values())
+
+
+def table(rows: list[dict], threads: int) -> list[str]:
+    """One line per run: accuracy after each epoch, and for each SNN the ANN twin's lead at the
+    last epoch both ran."""
+    epochs = max(len(r["accuracy"]) for r in rows)
+    lines = [machine_header("twin_curves", f"({threads} thread(s) a run)"), "",
+             "| preset | arm | net | " + " | ".join(f"epoch {e + 1} %" for e in range(epochs))
+             + " | ANN − SNN (points) | s / epoch |",
+             "|---|---|---|" + "---|" * (epochs + 2)]
+    by_key = {(r["preset"], r["arm"], r["kind"]): r for r in rows}
+    for r in rows:
+        acc = [f"{100 * a:.2f}" for a in r["accuracy"]] + ["—"] * (epochs - len(r["accuracy"]))
+        twin = by_key.get((r["preset"], r["arm"], "ann"))
+        gap = ""
+        if r["kind"] == "snn" and twin and r["accuracy"] and twin["accuracy"]:
+            last = min(len(r["accuracy"]), len(twin["accuracy"]))
+            gap = f"{100 * (twin['accuracy'][last - 1] - r['accuracy'][last - 1]):+.2f} (epoch {last})"
+        sec = [s for s in r["epoch_s"] if s]
+        lines.append(f"| {r['preset']} | {r['arm']} | {r['kind'].upper()} | " + " | ".join(acc)
+                     + f" | {gap} | {sum(sec) / len(sec) if sec else 0:.0f} |")
+    return lines
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -93,9 +142,11 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    arms = list(dict.fromkeys(r["arm"] for r in rows))  # one colour an arm: the SNN solid, its twin dashed
     for r in rows:
         ax.plot(range(1, len(r["accuracy"]) + 1), [100 * a for a in r["accuracy"]], marker="o",
-                ls="-" if r["kind"] == "snn" else "--", label=f"{r['arm']} {r['kind'].upper()}")
+                color=f"C{arms.index(r['arm'])}", ls="-" if r["kind"] == "snn" else "--",
+                label=f"{r['arm']} {r['kind'].upper()}")
     ax.set(xlabel="epoch", ylabel="test accuracy %", title=f"{rows[0]['preset']}: central training, SNN and ANN twin")
     ax.legend(fontsize=8)
     fig.tight_layout()

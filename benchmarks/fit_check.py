@@ -1,0 +1,64 @@
+"""Where a trained network's test accuracy goes: its run's global model scored on the test set
+with the norms' kept statistics and with each batch's own, on the training set, and how many
+images tie for the top logit (a spike-count readout's counts tie; ``argmax`` takes the lowest
+label among the tied).
+
+    python benchmarks/fit_check.py RUN_DIR [--samples 10000] [--round last]
+
+A training-set score not far above the test score says the network fits slowly (more steps or
+a larger step would help); a gap between the two statistics says the kept ones are off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import machine_header  # noqa: E402
+
+
+def scores(logits: torch.Tensor, y: torch.Tensor) -> dict:
+    """Accuracy, images whose top logit is tied, and images wrong with their label among the tied (%)."""
+    top = logits.max(1, keepdim=True).values
+    tied = (logits == top).sum(1) > 1
+    right = logits.argmax(1) == y
+    label_tied = tied & (logits.gather(1, y[:, None]) == top).squeeze(1)
+    return {"accuracy": 100 * right.float().mean().item(), "tied": 100 * tied.float().mean().item(),
+            "wrong_in_tie": 100 * (label_tied & ~right).float().mean().item()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir")
+    p.add_argument("--samples", type=int, default=10000, help="images of each set scored (the first ones)")
+    p.add_argument("--round", default="last", help="best, last or a kept round's number")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from neurofed.deploy.export import load_global_model
+    from neurofed.training.local import forward_dataset
+
+    run = load_global_model(args.run_dir, model_round=args.round)
+    ds, n = run.dataset, args.samples
+    print(machine_header("fit_check", f"({args.threads} thread(s))"))
+    print(f"\n{args.run_dir}, round {run.round}, first {n} images of each set\n")
+    print("| set | statistics | accuracy % | tied for the top % | wrong with the label tied % |")
+    print("|---|---|---|---|---|")
+    sets = [("test", ds.x_test, ds.y_test, False), ("test", ds.x_test, ds.y_test, True),
+            ("train", ds.x_train, ds.y_train, False)]
+    for name, x, y, by_batch in sets:
+        logits, _ = forward_dataset(run.model, torch.as_tensor(x[:n]), run.cfg["data"], run.cfg["seed"],
+                                    batch_size=run.cfg["federation"]["batch_size"], record=False,
+                                    batch_statistics=by_batch)
+        s = scores(logits, torch.as_tensor(y[:n]).long())
+        print(f"| {name} | {'each batch' if by_batch else 'kept'} | {s['accuracy']:.2f} | {s['tied']:.2f} "
+              f"| {s['wrong_in_tie']:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""benchmarks/twin_curves.py: a preset without files trains on its stand-in, and the table
+gives each SNN its ANN twin's lead at the last epoch both ran, from the latest record;
+benchmarks/fit_check.py counts ties."""
+
+import json
+
+import pytest
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import twin_curves
+
+    return twin_curves
+
+
+def test_without_files_a_preset_trains_on_its_stand_in(bench):
+    assert bench.data_override("sfedca_fashion_mnist_dir03", None) == "data.name=standin_fashion_mnist"
+    assert bench.data_override("sfedca_mnist_dir03", "/data/mnist") == "data.root=/data/mnist"
+
+
+def test_the_table_reads_the_latest_pair_and_the_twins_lead(bench, tmp_path):
+    def row(kind, accuracy):
+        return {"preset": "p", "arm": "preset", "kind": kind, "accuracy": accuracy, "epoch_s": [1.0]}
+
+    records = [row("snn", [0.1]), row("snn", [0.5, 0.7]), row("ann", [0.6, 0.75, 0.8])]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    latest = bench.recorded(tmp_path)
+    assert [(r["kind"], r["accuracy"]) for r in latest] == [("snn", [0.5, 0.7]), ("ann", [0.6, 0.75, 0.8])]
+    snn_line = next(line for line in bench.table(latest, 1) if "| SNN |" in line)
+    assert "+5.00 (epoch 2)" in snn_line and "| 50.00 | 70.00 | — |" in snn_line
+
+
+def test_fit_check_counts_ties_and_the_wrong_answers_among_them(monkeypatch):
+    from pathlib import Path
+
+    import torch
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import fit_check
+
+    logits = torch.tensor([[3.0, 3.0, 1.0],   # tied, label 1 among the tied, argmax takes 0: wrong
+                           [0.0, 2.0, 2.0],   # tied, label 1 among the tied, argmax takes 1: right
+                           [5.0, 1.0, 0.0],   # clear, right
+                           [1.0, 4.0, 0.0]])  # clear, wrong
+    s = fit_check.scores(logits, torch.tensor([1, 1, 0, 2]))
+    assert (s["accuracy"], s["tied"], s["wrong_in_tie"]) == (50.0, 50.0, 25.0)
