@@ -80,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(results / "results.jsonl", "a", encoding="utf-8") as fh:
             for r in rows:
                 fh.write(json.dumps({**r, "recorded": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
-        (results / "table.md").write_text("\n".join(table(recorded(results), args.threads)) + "\n", encoding="utf-8")
-        plot([r for r in recorded(results) if r["preset"] == args.preset],
+        latest = recorded(results)  # every preset's latest pair, this run's included
+        (results / "table.md").write_text("\n".join(table(latest, args.threads)) + "\n", encoding="utf-8")
+        plot([r for r in latest if r["preset"] == args.preset],
              results / ("curves.png" if args.root else f"curves_{args.preset}.png"))
         print(f"saved {results}")
     return 0

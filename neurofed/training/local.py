@@ -162,7 +162,7 @@ def forward_dataset(model, x: torch.Tensor, data_cfg: dict, seed: int, batch_siz
     model's device (batches go to the model's device one by one). Leaves parameters,
     optimizer and buffers as they were (eval mode is restored to the caller's mode).
     ``batch_statistics``: batch norms normalize with each batch's own statistics, as training
-    does (:func:`neurofed.models.init.as_training_starts`), not their running ones.
+    does (:func:`neurofed.models.norm.as_training_starts`), not their running ones.
     """
     gen = torch.Generator().manual_seed(seed)
     device = model_device(model)
