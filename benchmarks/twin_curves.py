@@ -148,7 +148,9 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.plot(range(1, len(r["accuracy"]) + 1), [100 * a for a in r["accuracy"]], marker="o",
                 color=f"C{arms.index(r['arm'])}", ls="-" if r["kind"] == "snn" else "--",
                 label=f"{r['arm']} {r['kind'].upper()}")
-    ax.set(xlabel="epoch", ylabel="test accuracy %", title=f"{rows[0]['preset']}: central training, SNN and ANN twin")
+    standin = " on its STAND-IN data" if rows[0].get("data") == "stand-in" else ""
+    ax.set(xlabel="epoch", ylabel="test accuracy %",
+           title=f"{rows[0]['preset']}{standin}:\ncentral training, SNN and ANN twin")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -253,9 +253,9 @@ def test_what_nir_cannot_hold_is_refused_with_the_reason():
     with pytest.raises(DeployError, match=r"voltage_decay 0 \(no decay\) has no finite NIR time constant"):
         to_nir(tiny_model("mlp", voltage_decay=0.0))
 
-    odd = build_model({**DEFAULTS["model"], "name": "cnn"}, (1, 7, 7), 10)
-    with pytest.raises(DeployError, match=r"layer 1 \(pool\).*exact only when it tiles its input"):
-        to_nir(odd)
+    # a pool that does not tile its map is refused before NIR: the model is not built (SLAYER would pad it)
+    with pytest.raises(ValueError, match=r"layer 1 \(pool 2x2\) gets a 7x7 map, which 2 does not divide"):
+        build_model({**DEFAULTS["model"], "name": "cnn"}, (1, 7, 7), 10)
 
 
 def test_stale_or_foreign_nir_file_is_refused(tmp_path):

@@ -14,6 +14,7 @@ from neurofed.models.opcounts import count_layers, count_macs
 from neurofed.energy.spikes import measure_torch
 from neurofed.models import Layer, build_model, register_topology, topology
 from neurofed.models.residual import EXPORT_REFUSAL, ResidualJoin
+from neurofed.models.spec import ZOO
 
 RATE = {"encoding": "rate", "timesteps": 4, "max_rate": 1.0}
 
@@ -168,11 +169,24 @@ def test_too_small_input_refused_naming_model_and_size():
     assert "\n" not in msg and "svgg9" in msg and "1x4x4" in msg
 
 
+def test_a_pool_over_an_odd_map_is_refused_naming_the_layer_and_size():
+    # SLAYER's pool would pad 11x11 to 6x6 where the layer list counts 5x5: refused, not built wrong
+    odd = [Layer("conv", 4, kernel=4), Layer("pool", kernel=2, stride=2), Layer("flatten"), Layer("dense", 10)]
+    register_topology("odd_pool", lambda p, k: odd)
+    try:
+        with pytest.raises(ValueError) as err:
+            build_model({"name": "odd_pool"}, (1, 14, 14), 10)
+        build_model({"name": "odd_pool"}, (1, 15, 15), 10)  # 12x12: the pool divides it
+    finally:
+        ZOO.pop("odd_pool")
+    msg = str(err.value)
+    assert "\n" not in msg and "odd_pool" in msg and "layer 1 (pool 2x2)" in msg and "11x11" in msg
+
+
 def test_too_small_input_refused_before_training(tmp_path, capsys):
     # digits are 8x8; a net with four 2x2 pools shrinks them to nothing: the run stops with
     # one line (exit 2) before any round.
     from neurofed.cli import main
-    from neurofed.models.spec import ZOO
 
     pool = Layer("pool", kernel=2, stride=2)
     register_topology("four_pools", lambda p, k: [Layer("conv", 4, 3, padding=1), pool, pool, pool, pool,

@@ -201,7 +201,7 @@ def structure_problems(model) -> list[str]:
         if layer.kind == "flatten":
             continue
         neuron = block.neuron
-        if type(neuron) is not neuron_cls:
+        if type(neuron) is not neuron_cls and not getattr(neuron, "exports_as_base", False):
             problems.append(f"{where}: neuron {type(neuron).__name__} is not CUBA-LIF; netx runs CUBA neurons")
         if getattr(neuron, "norm", None) is not None:
             problems.append(f"{where}: batch norm does not map exactly to netx (it becomes a bias Lava applies "

@@ -158,7 +158,7 @@ def nir_problems(model) -> list[str]:
         if layer.kind == "flatten":
             continue
         neuron = block.neuron
-        if type(neuron) is not neuron_cls:
+        if type(neuron) is not neuron_cls and not getattr(neuron, "exports_as_base", False):
             problems.append(f"{where}: neuron {type(neuron).__name__} is not CUBA-LIF; NIR's CubaLIF is the only "
                             f"neuron this export writes")
             continue

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from neurofed.config import Section, boolean, choice, number, register_section
 from neurofed.models.init import INIT_MODES
+from neurofed.models.reset_gradient import NEURON_GRADIENTS
 from neurofed.models.quantize import quantize_value
 from neurofed.models.spec import ZOO, Layer, register_topology, topology
 from neurofed.models import hifi_cnn as _hifi_cnn  # noqa: F401,E402  registers SFedHIFI's CNN (issue 7)
@@ -84,6 +85,11 @@ MODEL_DEFAULTS: dict = {
     # slayer: SLAYER's weights; firing: each layer rescaled on a training batch to fire within
     # init_rates (neurofed.models.init, LSUV on firing rates)
     "init": "slayer",
+    # slayer: SLAYER's backward (tau_grad, scale_grad; reset not differentiated); spikingjelly:
+    # SpikingJelly's node, arctan surrogate of atan_alpha and the reset differentiated (SFedCA
+    # Eq. 10; forward unchanged): neurofed.models.reset_gradient
+    "neuron_gradient": "slayer",
+    "atan_alpha": 2.0,
     "init_rates": [0.02, 0.2],
     "init_samples": 64,
     # factorized convolutions (hifi_cnn; SFedHIFI Eq. 4, output channels grouped): bank
@@ -112,6 +118,8 @@ register_section(Section("model", MODEL_DEFAULTS, lambda: {
     "model.norm": choice(NORMS),
     "model.norm_statistics": choice(NORM_STATISTICS),
     "model.init": choice(INIT_MODES),
+    "model.neuron_gradient": choice(NEURON_GRADIENTS),
+    "model.atan_alpha": number(0, lo_open=True),
     "model.init_rates": rate_band,
     "model.init_samples": number(1, integer=True),
     "model.bank_fraction": number(0, 1, lo_open=True),

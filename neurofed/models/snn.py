@@ -9,6 +9,7 @@ from neurofed.compat import slayer as _slayer
 from neurofed.models.factorized import factorized_conv_block
 from neurofed.models.norm import ChannelBatchNorm, batch_normed
 from neurofed.models.quantize import build_hook, quantize_8bit  # noqa: F401  (quantize_8bit: also read from here)
+from neurofed.models.reset_gradient import use_reset_gradient
 from neurofed.models.residual import residual_join_block
 from neurofed.models.spec import Layer
 
@@ -169,6 +170,10 @@ class SpikingNet(nn.Module):
                 # the output layer is never normed: its current is the logit (or its spikes')
                 blocks.append(batch_normed(block) if norm == "batch" and i != len(layers) - 1
                               and layer.kind in ("conv", "dense") else block)
+        if model_cfg.get("neuron_gradient", "slayer") == "spikingjelly":
+            for i, layer in enumerate(layers):
+                if layer.kind in ("conv", "dense") and not (i == len(layers) - 1 and self.readout_kind == "voltage"):
+                    use_reset_gradient(blocks[i], model_cfg.get("atan_alpha", 2.0))
         self.blocks = nn.ModuleList(blocks)
         dropout = model_cfg.get("dropout", 0.0)
         self.dropout = nn.Dropout(dropout) if dropout else None

@@ -51,6 +51,12 @@ def resolve(layers: list[Layer], input_shape: tuple[int, int, int]) -> list[Laye
             c, h, w = shape
             if layer.kernel == 0:  # global average pool: the kernel is the input's size
                 layer = replace(layer, kernel=h, stride=h)
+            if min(h, w) >= layer.kernel and (h % layer.kernel or w % layer.kernel):
+                # SLAYER's pool pads an odd map (11 -> 6) where this count floors (11 -> 5), so the
+                # next layer's size would disagree with the trained net's.
+                raise ValueError(f"layer {i} (pool {layer.kernel}x{layer.kernel}) gets a {h}x{w} map, which "
+                                 f"{layer.kernel} does not divide; allowed: map sizes that are multiples of the "
+                                 "pool's kernel (change the conv before it)")
             new = (c, h // layer.kernel, w // layer.kernel)
         elif layer.kind == "flatten":
             new = (math.prod(shape),)
