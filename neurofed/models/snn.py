@@ -172,7 +172,7 @@ class SpikingNet(nn.Module):
                               and layer.kind in ("conv", "dense") else block)
         if model_cfg.get("neuron_gradient", "slayer") == "spikingjelly":
             for i, layer in enumerate(layers):
-                if layer.kind in ("conv", "dense") and not (i == len(layers) - 1 and self.readout_kind == "voltage"):
+                if layer.kind in ("conv", "dense") and not self.is_voltage_layer(i):
                     use_reset_gradient(blocks[i], model_cfg.get("atan_alpha", 2.0))
         self.blocks = nn.ModuleList(blocks)
         dropout = model_cfg.get("dropout", 0.0)
