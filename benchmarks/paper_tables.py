@@ -159,7 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--read", action="store_true", help="read the runs in --out as they stand (stopped early: "
                                                         "the table says how many rounds each ran); run nothing")
     p.add_argument("--save", action="store_true", help=f"write the record to {RESULTS.relative_to(ROOT)}")
+    p.add_argument("--record", default="", help="with --save: a subfolder of it for this record (runs made with "
+                                                "other settings keep their own table and plot)")
     args = p.parse_args(argv)
+    if args.record and (os.sep in args.record or args.record.startswith(".")):
+        p.error(f"--record: {args.record!r} is not a plain folder name")
     splits, methods = args.splits.split(","), args.methods.split(",")
     for name, known in (("split", paper["splits"]), ("method", METHODS)):
         bad = [x for x in (splits if name == "split" else methods) if x not in known]
@@ -182,14 +186,15 @@ def main(argv: list[str] | None = None) -> int:
              f"Table 2's (which is after {paper['rounds']})"]
     print("\n".join(lines))
     if args.save:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        with open(RESULTS / "results.jsonl", "a", encoding="utf-8") as fh:
+        results = RESULTS / args.record
+        results.mkdir(parents=True, exist_ok=True)
+        with open(results / "results.jsonl", "a", encoding="utf-8") as fh:
             for r in rows:
                 fh.write(json.dumps({**r, "recorded": time.strftime("%Y-%m-%d %H:%M:%S"),
                                      "sets": args.set or []}) + "\n")
-        plot(rows, paper, RESULTS / "curves.png")
-        (RESULTS / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        print(f"saved {RESULTS}/results.jsonl, table.md, curves.png")
+        plot(rows, paper, results / "curves.png")
+        (results / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        print(f"saved {results}/results.jsonl, table.md, curves.png")
     return 0
 
 

@@ -519,6 +519,38 @@ def test_single_time_step_and_no_grad():
     assert_identical(ref, got, "no_grad spikes")
 
 
+@pytest.mark.parametrize("name, params, scale", [
+    ("the SFedCA presets' IF neuron", dict(NEURON, threshold=1.0, current_decay=1.0, voltage_decay=0.0), 1.0),
+    ("leaky", NEURON, 2.0),
+    ("beyond int32: int64 lanes", NEURON, 3e6),
+])
+def test_reset_gradient_neuron_fused(name, params, scale, variant_ext):
+    # model.neuron_gradient: spikingjelly: the fused kernels give the torch form's spikes and
+    # input gradients bit for bit, and the fused backward is the one that ran
+    from types import SimpleNamespace
+
+    from neurofed.models.reset_gradient import use_reset_gradient
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 6, 9, 12, generator=g) * scale
+    weight = torch.randn(x.shape, generator=g)
+    out = {}
+    for fast in (False, True):
+        neuron = slayer.neuron.cuba.Neuron(**params)
+        use_reset_gradient(SimpleNamespace(neuron=neuron), alpha=2.0)
+        counting = _CountingExt(variant_ext)
+        with kernels.enabled(fast), pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ops, "ext", counting)
+            xi = x.clone().requires_grad_(True)
+            y = neuron(xi)
+            (y * weight).sum().backward()
+        assert ("cuba_reset_bwd" in counting.ran) is fast, counting.calls
+        out[fast] = (y.detach(), xi.grad)
+    assert 0 < out[False][0].sum() < out[False][0].numel(), "spikes and silence both"
+    assert_identical(out[False][0], out[True][0], f"{name}: spikes")
+    assert_identical(out[False][1], out[True][1], f"{name}: grad_x")
+
+
 # --------------------------------------------------------------------------- switches
 
 

@@ -8,6 +8,8 @@ call runs instead. :mod:`neurofed.kernels.patches` installs them into SLAYER.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -62,7 +64,7 @@ class _FusedCuba(torch.autograd.Function):
             cstate.detach().contiguous().view(-1),
             vstate.detach().contiguous().view(-1),
             p["cdecay_int"], p["vdecay_int"], p["w_scale"], p["reset_th"], p["reset"],
-            p["spike_th"], p["tau"], bool(need_grad), bool(need_last), bool(shift),
+            p["spike_th"], p["tau"], bool(need_grad), bool(need_last), bool(shift), False,
         )
         ctx.p = p
         ctx.shift = bool(shift)
@@ -86,6 +88,36 @@ class _FusedCuba(torch.autograd.Function):
         ex = earg if inline_exp else torch.exp(earg)
         gz = ext.cuba_bwd(ex, grad_spike.contiguous().view(-1, T), p["A"], p["dv"], p["dc"], ctx.shift, inline_exp)
         return gz.view(grad_spike.shape), None, None, None, None, None, None
+
+
+class _FusedResetGradient(torch.autograd.Function):
+    """The CUBA neuron's forward as :class:`_FusedCuba` (the same spikes), saving the pre-reset
+    voltage; backward: SpikingJelly's gradient through the reset and the current's adjoint in
+    one kernel (``model.neuron_gradient: spikingjelly``, :mod:`neurofed.models.reset_gradient`),
+    the torch form's operations one by one in the same order. No persistent state, no shift."""
+
+    @staticmethod
+    def forward(ctx, z, cstate, vstate, p, alpha, need_grad):
+        T = z.shape[-1]
+        spike, voltage, _, _ = ext.cuba_fwd(
+            z.detach().contiguous().view(-1, T),
+            cstate.detach().contiguous().view(-1),
+            vstate.detach().contiguous().view(-1),
+            p["cdecay_int"], p["vdecay_int"], p["w_scale"], p["reset_th"], p["reset"],
+            p["spike_th"], p["tau"], bool(need_grad), False, False, True,
+        )
+        ctx.p, ctx.alpha = p, alpha
+        ctx.save_for_backward(voltage if need_grad else None)
+        return spike.view(z.shape)
+
+    @staticmethod
+    def backward(ctx, grad_spike):
+        (voltage,) = ctx.saved_tensors
+        p, alpha = ctx.p, ctx.alpha
+        T = grad_spike.shape[-1]
+        gz = ext.cuba_reset_bwd(voltage, grad_spike.contiguous().view(-1, T), p["spike_th"],
+                                math.pi / 2 * alpha, alpha / 2, p["dv"], p["dc"])
+        return gz.view(grad_spike.shape), None, None, None, None, None
 
 
 class _Shift1(torch.autograd.Function):

@@ -1,7 +1,8 @@
 """Where the fast kernels enter SLAYER: one table of patch points, and the switches.
 
 :data:`PATCHES` lists every lava-dl 0.6.0 function that :func:`enable` replaces (module
-and class attributes only; no installed file changes), the replacement, and the
+and class attributes only; no installed file changes), and the forward of neurofed's
+own neuron built on SLAYER's (``ResetGradientNeuron``), the replacement, and the
 tests that prove the replacement bit-identical to the stock function. Each
 replacement checks its exact domain first and otherwise calls the stock function.
 """
@@ -17,7 +18,7 @@ from typing import Callable
 
 from neurofed.kernels import ops, variants
 from neurofed.kernels.replacements import (fast_li_dynamics, cuba_forward, make_block_forward, conv_forward, dense_forward, pool_forward, fast_delay, fast_quantize_hook_fx,
-                                           stock)
+                                           reset_gradient_forward, stock)
 
 GRADIENTS = ("exact", "fast")
 _enabled = False
@@ -71,6 +72,12 @@ PATCHES = (
           ("test_conv_block", "test_hooks_on_neurons_still_run", "test_digits_cnn_training_step")),
     Patch("pool_block", _SL + "block.base", "AbstractPool", "forward", make_block_forward("pool_block"),
           "Pool block: as dense_block", ("test_pool_block",)),
+    # neurofed's own neuron, not lava-dl's: SLAYER's forward with SpikingJelly's backward
+    Patch("reset_gradient", "neurofed.models.reset_gradient", "ResetGradientNeuron", "forward",
+          reset_gradient_forward,
+          "model.neuron_gradient: spikingjelly: the fused CUBA forward saving the voltage, the backward "
+          "through the reset in one kernel",
+          ("test_reset_gradient_neuron_fused",)),
 )
 
 

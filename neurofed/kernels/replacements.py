@@ -102,9 +102,8 @@ def cuba_constants(self) -> dict:
     return p
 
 
-def _cuba_spikes(self, input, shift: bool):
-    """Spikes of an eligible CUBA neuron (state handling as cuba.Neuron.dynamics)."""
-    # --- shape and state handling, verbatim from cuba.Neuron.dynamics ---
+def _prepare_state(self, input) -> None:
+    """Shape and state handling of an eligible CUBA neuron, verbatim from cuba.Neuron.dynamics."""
     if self.shape is None:  # shared_param is True here
         self.shape = input.shape[1:-1]
         self.num_neurons = np.prod(self.shape)
@@ -119,6 +118,10 @@ def _cuba_spikes(self, input, shift: bool):
     if self.requires_grad is True:
         self.clamp()
 
+
+def _cuba_spikes(self, input, shift: bool):
+    """Spikes of an eligible CUBA neuron (state handling as cuba.Neuron.dynamics)."""
+    _prepare_state(self, input)
     p = cuba_constants(self)
     persistent = self.persistent_state is True
     need_grad = torch.is_grad_enabled() and input.requires_grad
@@ -143,6 +146,17 @@ def cuba_forward(self, input):
     if self.drop is not None:
         spike = self.drop(spike)
     return spike
+
+
+def reset_gradient_forward(self, input):
+    """Patched ``ResetGradientNeuron.forward`` (``model.neuron_gradient: spikingjelly``): the
+    fused neuron's forward and SpikingJelly's backward in one kernel each way (CPU)."""
+    if self.graded_spike or self.persistent_state or input.device.type != "cpu" or not _cuba_eligible(self, input):
+        return stock.functions["reset_gradient"](self, input)  # the torch form (and its errors)
+    _prepare_state(self, input)
+    need_grad = torch.is_grad_enabled() and input.requires_grad
+    return ops._FusedResetGradient.apply(input, self.current_state, self.voltage_state, cuba_constants(self),
+                                         float(self.atan_alpha), need_grad)
 
 
 def _has_hooks(module) -> bool:

@@ -53,13 +53,16 @@ class _ThroughReset(torch.autograd.Function):
         alpha = ctx.alpha
         surrogate = (alpha / 2) / (1 + (math.pi / 2 * alpha * (voltage - ctx.threshold)) ** 2)
         # dL/dh_t = direct_t + through_t · dL/dh_{t+1}: the constant parts for every step at once,
-        # then one fused multiply-add a step, time first so that each step is contiguous
+        # then a multiply and an add a step (not addcmul, which fuses them where the CPU has FMA:
+        # rounded twice, the result is the same on every machine and equals the fused kernel's),
+        # time first so that each step is contiguous
         direct = (grad_spikes * surrogate).movedim(-1, 0).contiguous()
         through = (ctx.keep * ((1 - spikes) - voltage * surrogate)).movedim(-1, 0).contiguous()
         grad = torch.empty_like(direct)
         grad[-1] = direct[-1]
         for t in range(direct.shape[0] - 2, -1, -1):
-            torch.addcmul(direct[t], through[t], grad[t + 1], out=grad[t])
+            torch.mul(through[t], grad[t + 1], out=grad[t])
+            grad[t] += direct[t]
         return grad.movedim(0, -1), None, None, None, None, None
 
 
@@ -77,7 +80,8 @@ class ResetGradientNeuron(slayer.neuron.cuba.Neuron):
         with torch.no_grad():
             spikes = self.spike(voltage)
         threshold = float(self.threshold + self.threshold_eps)
-        keep = 1.0 - float(self.voltage_decay.flatten()[0]) / self.p_scale  # (1 − d) as SLAYER quantizes d
+        # (1 − d) with d quantized as the forward uses it, in float32 as SLAYER's voltage adjoint
+        keep = (1 - slayer.utils.quantize(self.voltage_decay.detach()).flatten()[0] / self.p_scale).item()
         return _ThroughReset.apply(current, voltage.detach(), spikes, threshold, keep, float(self.atan_alpha))
 
 

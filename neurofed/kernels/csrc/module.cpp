@@ -26,6 +26,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   NF_DEF(li_bwd);
   NF_DEF(cuba_fwd);
   NF_DEF(cuba_bwd);
+  NF_DEF(cuba_reset_bwd);
   NF_DEF(shift1);
   NF_DEF(surrogate_exp_tensor);
   NF_DEF(spike_conv_fwd);

@@ -54,7 +54,8 @@ at::Tensor li_bwd(at::Tensor go, double decay) {
 // Fused CUBA neuron forward: cuba.Neuron.dynamics (current LI without reset,
 // voltage LI with reset) followed by Spike.forward (non-graded).
 // Returns {spike, earg, cur_last, volt_last}; earg = (-|v - th|) / tau (the
-// argument of exp in Spike's surrogate gradient, in tile layout) only if need_grad, the last
+// argument of exp in Spike's surrogate gradient, in tile layout) only if need_grad, or with
+// save_voltage the pre-reset voltage v itself (for cuba_reset_bwd), the last
 // current / pre-reset voltage only if need_last.
 //
 // Rows (neurons) are processed V at a time: a V-row tile is transposed into a
@@ -137,7 +138,8 @@ struct CubaState<false> {
 // The time loop of NT tiles (NT * 16 neurons) advancing together: each tile's step is
 // one long dependency chain (multiplies, shifts, conversions, compare), so a single
 // tile leaves the core waiting on latencies; NT independent chains fill them.
-template <int NT, bool POW2, bool RESET, bool EARG, bool I32>
+// SAVE: what the tile writes per step for the backward: 0 nothing, 1 earg, 2 the voltage v
+template <int NT, bool POW2, bool RESET, int SAVE, bool I32>
 static inline void cuba_fwd_steps(const CubaFwdArgs& A, float* const* tin, float* const* tea, float* const* tsp,
                                   const v16::vf* c0, const v16::vf* v0, v16::vf* c, v16::vf* v) {
   const v16::vi cd = I32 ? v16::set1_epi32((int)A.cd) : v16::set1_epi64(A.cd);
@@ -160,7 +162,8 @@ static inline void cuba_fwd_steps(const CubaFwdArgs& A, float* const* tin, float
       if (RESET) vs[u].reset_at(vf, rth);
       v[u] = POW2 ? v16::mul_ps(vf, iws) : v16::div_ps(vf, ws);
       v16::storeu_ps(tsp[u] + (t + A.sh) * V, v16::one_where_ge_ps(v[u], sth));
-      if (EARG) {
+      if (SAVE == 2) v16::storeu_ps(tea[u] + t * V, v[u]);
+      if (SAVE == 1) {
         const v16::vf a = v16::and_ps(v16::sub_ps(v[u], sth), absmask);
         v16::storeu_ps(tea[u] + t * V, v16::div_ps(v16::xor_ps(a, signbit), tf));
       }
@@ -181,7 +184,7 @@ static inline float max_abs(const float* p, int64_t n) {
   return nan ? INFINITY : v16::reduce_max_ps(m);
 }
 
-template <bool POW2, bool RESET, bool EARG>
+template <bool POW2, bool RESET, int SAVE>
 static void cuba_fwd_rows(const CubaFwdArgs& A, int64_t b, int64_t e) {
   static_assert(V == 16, "tile width");
   constexpr int NT = 2;
@@ -200,7 +203,7 @@ static void cuba_fwd_rows(const CubaFwdArgs& A, int64_t b, int64_t e) {
       tsp[u] = tin[u] + T * V;  // T + 1 rows; row 0 stays 0 when shifting
       const int64_t ru = r0 + u * V;
       // earg in tile layout (see cuba_fwd); a tile past the end writes to scratch
-      tea[u] = EARG && ru < e ? A.ea + ru * T : tsp[u] + (T + 1) * V;
+      tea[u] = SAVE && ru < e ? A.ea + ru * T : tsp[u] + (T + 1) * V;
       nr[u] = std::max<int64_t>(0, std::min<int64_t>(V, e - ru));
       load_tile(A.x + ru * T, T, nr[u], tin[u]);
       alignas(64) float st[2][V];
@@ -220,9 +223,9 @@ static void cuba_fwd_rows(const CubaFwdArgs& A, int64_t b, int64_t e) {
     const double C = (state_max + 1) * ws + T * (in_max * ws + 1);
     const double bound = (state_max + 1) * ws + T * (C + 1) * 1.01;
     if (i32_decays && bound < 1073741824.0)  // also false for NaN or inf
-      cuba_fwd_steps<NT, POW2, RESET, EARG, true>(A, tin, tea, tsp, c0, v0, c, v);
+      cuba_fwd_steps<NT, POW2, RESET, SAVE, true>(A, tin, tea, tsp, c0, v0, c, v);
     else
-      cuba_fwd_steps<NT, POW2, RESET, EARG, false>(A, tin, tea, tsp, c0, v0, c, v);
+      cuba_fwd_steps<NT, POW2, RESET, SAVE, false>(A, tin, tea, tsp, c0, v0, c, v);
     for (int u = 0; u < NT; ++u) {
       if (nr[u] == 0) continue;
       const int64_t ru = r0 + u * V;
@@ -238,9 +241,10 @@ static void cuba_fwd_rows(const CubaFwdArgs& A, int64_t b, int64_t e) {
 }
 
 template <bool POW2, bool RESET>
-static void cuba_fwd_dispatch2(const CubaFwdArgs& A, bool earg, int64_t b, int64_t e) {
-  if (earg) cuba_fwd_rows<POW2, RESET, true>(A, b, e);
-  else cuba_fwd_rows<POW2, RESET, false>(A, b, e);
+static void cuba_fwd_dispatch2(const CubaFwdArgs& A, int save, int64_t b, int64_t e) {
+  if (save == 2) cuba_fwd_rows<POW2, RESET, 2>(A, b, e);
+  else if (save == 1) cuba_fwd_rows<POW2, RESET, 1>(A, b, e);
+  else cuba_fwd_rows<POW2, RESET, 0>(A, b, e);
 }
 
 static bool is_pow2(double w) {
@@ -254,7 +258,7 @@ std::vector<at::Tensor> cuba_fwd(at::Tensor z, at::Tensor cstate,
                                     int64_t vdecay_int, double w_scale,
                                     double reset_th_scaled, bool reset,
                                     double spike_th, double tau, bool need_grad,
-                                    bool need_last, bool shift) {
+                                    bool need_last, bool shift, bool save_voltage) {
   const int64_t T = z.size(1), R = z.size(0);
   auto spike = at::empty_like(z);
   at::Tensor earg, clast, vlast;
@@ -283,15 +287,16 @@ std::vector<at::Tensor> cuba_fwd(at::Tensor z, at::Tensor cstate,
   A.tf = (float)tau;
   A.sh = shift ? 1 : 0;
   const bool pow2 = is_pow2(w_scale);
+  const int save = need_grad ? (save_voltage ? 2 : 1) : 0;
   int64_t grain = std::max<int64_t>(V, (32768 / std::max<int64_t>(T, 1)) / V * V);
   at::parallel_for(0, (R + V - 1) / V, std::max<int64_t>(1, grain / V), [&](int64_t bb, int64_t ee) {
     const int64_t b = bb * V, e = std::min(R, ee * V);
     if (pow2) {
-      if (reset) cuba_fwd_dispatch2<true, true>(A, need_grad, b, e);
-      else cuba_fwd_dispatch2<true, false>(A, need_grad, b, e);
+      if (reset) cuba_fwd_dispatch2<true, true>(A, save, b, e);
+      else cuba_fwd_dispatch2<true, false>(A, save, b, e);
     } else {
-      if (reset) cuba_fwd_dispatch2<false, true>(A, need_grad, b, e);
-      else cuba_fwd_dispatch2<false, false>(A, need_grad, b, e);
+      if (reset) cuba_fwd_dispatch2<false, true>(A, save, b, e);
+      else cuba_fwd_dispatch2<false, false>(A, save, b, e);
     }
   });
   return {spike, earg, clast, vlast};
@@ -392,6 +397,64 @@ at::Tensor cuba_bwd(at::Tensor ex, at::Tensor gs, double A, double dv,
   int64_t grain = std::max<int64_t>(V, (32768 / std::max<int64_t>(T, 1)) / V * V);
   at::parallel_for(0, (R + V - 1) / V, std::max<int64_t>(1, grain / V), [&](int64_t bb, int64_t ee) {
     cuba_bwd_rows(e, g, o, T, a, fv, fc, shift ? 1 : 0, inline_exp, bb * V, std::min(R, ee * V));
+  });
+  return gz;
+}
+
+// The fused CUBA neuron's backward with SpikingJelly's gradient (model.neuron_gradient:
+// spikingjelly; the derivation is in neurofed/models/reset_gradient.py), given the pre-reset
+// voltage v in cuba_fwd's tile layout (save_voltage) and dL/dspike g. Per neuron, backwards
+// from the last step:
+//   S'[n] = (1 / (1 + (k (v[n] - th))^2)) * h       k = pi/2 * alpha, h = alpha / 2
+//   gh[n] = g[n] S'[n] + (keep ((1 - s[n]) - v[n] S'[n])) * gh[n+1]      (gh[T-1] = g S')
+//   gc[n] = dc * gc[n+1] + gh[n]                    the current LI adjoint, as cuba_bwd
+// with s[n] = (v[n] >= th), the spike cuba_fwd wrote. The operations are those of the torch
+// form (ResetGradientNeuron's autograd function), one by one, in the same order.
+static void cuba_reset_bwd_rows(const float* vt, const float* g, float* o, int64_t T, float th, float k,
+                                float h, float keep, float fc, int64_t b, int64_t en) {
+  std::vector<float> buf(2 * T * V, 0.f);
+  float* to = buf.data();
+  float* tg = to + T * V;
+  const v16::vf vth = v16::set1_ps(th), vk = v16::set1_ps(k), vh = v16::set1_ps(h), vkeep = v16::set1_ps(keep),
+               vfc = v16::set1_ps(fc), one = v16::set1_ps(1.f);
+  for (int64_t r0 = b; r0 < en; r0 += V) {
+    const int64_t nr = std::min<int64_t>(V, en - r0);
+    const float* tv = vt + r0 * T;
+    load_tile(g + r0 * T, T, nr, tg);
+    v16::vf gh = v16::setzero_ps();
+    for (int64_t t = T - 1; t >= 0; --t) {
+      const v16::vf v = v16::loadu_ps(tv + t * V);
+      const v16::vf x = v16::mul_ps(vk, v16::sub_ps(v, vth));
+      const v16::vf sg = v16::mul_ps(v16::div_ps(one, v16::add_ps(one, v16::mul_ps(x, x))), vh);
+      const v16::vf direct = v16::mul_ps(v16::loadu_ps(tg + t * V), sg);
+      if (t == T - 1) {
+        gh = direct;
+      } else {
+        const v16::vf not_fired = v16::sub_ps(one, v16::one_where_ge_ps(v, vth));
+        const v16::vf through = v16::mul_ps(vkeep, v16::sub_ps(not_fired, v16::mul_ps(v, sg)));
+        gh = v16::add_ps(direct, v16::mul_ps(through, gh));
+      }
+      v16::storeu_ps(to + t * V, gh);
+    }
+    v16::vf gc = v16::loadu_ps(to + (T - 1) * V);
+    for (int64_t t = T - 2; t >= 0; --t) {
+      gc = v16::add_ps(v16::mul_ps(vfc, gc), v16::loadu_ps(to + t * V));
+      v16::storeu_ps(to + t * V, gc);
+    }
+    store_tile(to, T, nr, o + r0 * T);
+  }
+}
+
+at::Tensor cuba_reset_bwd(at::Tensor vt, at::Tensor gs, double th, double k, double h, double keep, double dc) {
+  const int64_t T = gs.size(1), R = gs.size(0);
+  auto gz = at::empty_like(gs);
+  const float* v = vt.data_ptr<float>();
+  const float* g = gs.data_ptr<float>();
+  float* o = gz.data_ptr<float>();
+  int64_t grain = std::max<int64_t>(V, (32768 / std::max<int64_t>(T, 1)) / V * V);
+  at::parallel_for(0, (R + V - 1) / V, std::max<int64_t>(1, grain / V), [&](int64_t bb, int64_t ee) {
+    cuba_reset_bwd_rows(v, g, o, T, (float)th, (float)k, (float)h, (float)keep, (float)dc, bb * V,
+                        std::min(R, ee * V));
   });
   return gz;
 }
