@@ -8,14 +8,17 @@ over time; with the fast kernels on, the patch point ``reset_gradient``
 
 Trains the SFedCA MNIST network as its preset builds it (``examples/papers/
 sfedca_mnist_dir03.yaml``: 28x28 direct input, T = 12, batch norm, SGD 0.1, batch 128;
-cross-entropy on the spike count, scaled as the runner scales it) on random images, three
+cross-entropy on the spike count, scaled as the runner scales it) on random images, four
 ways, taking turns step by step so that all see the same machine load:
 
 * ``torch form`` (the baseline: the cost before the fused kernel): the fast kernels on for
   every other layer, the neuron's forward the stock ``ResetGradientNeuron.forward``;
 * ``fused``: the fast kernels on, the neuron's forward patched;
 * ``slayer``: the preset with ``model.neuron_gradient: slayer`` (SLAYER's gradient, fused):
-  the step the gradient replaced.
+  the step the gradient replaced;
+* ``fused, fast gradients``: ``fused`` with ``federation.fast_gradients: true`` (spike-driven
+  weight gradients and the rest of the fast gradient mode, within float32 rounding of the
+  exact ones): what a step costs at the least the kernels offer.
 
 Before timing, the torch form and the fused kernel train one step from the same parameters
 on the same batch: their spikes, loss and every parameter's gradient must be equal bit for
@@ -93,7 +96,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
 
     from neurofed import kernels
-    from neurofed.kernels import patches, variants
+    from neurofed.kernels import ops, patches, variants
     from neurofed.models.reset_gradient import ResetGradientNeuron
 
     if not kernels.enable():
@@ -104,7 +107,7 @@ def main(argv=None) -> int:
 
     report = Report()
     emit = report.emit
-    emit(machine_header("neuron_gradient_cost", "(shared machine: the three ways take turns step by step)"))
+    emit(machine_header("neuron_gradient_cost", "(shared machine: the four ways take turns step by step)"))
     emit(f"# kernels: variant {kernels.variant()} (this CPU runs: {', '.join(variants.runnable_variants())}); "
          f"torch's own kernels (convolutions, batch norm) use the CPU's best: {torch.backends.cpu.get_cpu_capability()}")
     emit(f"# network: the SFedCA MNIST net of {os.path.relpath(PRESET, ROOT)}, batch {args.batch}, T = 12, "
@@ -136,33 +139,37 @@ def main(argv=None) -> int:
     emit(f"check: one step from the same parameters: output spikes, loss and all {len(grads_a)} parameter "
          f"gradients equal bit for bit (torch form vs fused)")
 
-    ways = {"torch form": ("spikingjelly", torch_form), "fused": ("spikingjelly", fused_forward),
-            "slayer": ("slayer", fused_forward)}
-    models = {name: build(gradient, seed=0) for name, (gradient, _) in ways.items()}
+    ways = {"torch form": ("spikingjelly", torch_form, "exact"), "fused": ("spikingjelly", fused_forward, "exact"),
+            "slayer": ("slayer", fused_forward, "exact"), "fused, fast gradients": ("spikingjelly", fused_forward, "fast")}
+    models = {name: build(gradient, seed=0) for name, (gradient, _, _) in ways.items()}
     times = {name: [] for name in ways}
     for i in range(2 + args.steps):  # two warm-up steps each (first-call allocations, oneDNN primitives)
         images, labels = batches[i % len(batches)]
         x = encode(images)
-        for name, (_, forward) in ways.items():
+        for name, (_, forward, mode) in ways.items():
             ResetGradientNeuron.forward = forward
+            ops.mode = mode  # read by the kernels at each call
             net, opt = models[name]
             t0 = time.perf_counter()
             step(net, opt, x, labels)
             if i >= 2:
                 times[name].append(time.perf_counter() - t0)
     ResetGradientNeuron.forward = fused_forward
+    ops.mode = "exact"
 
-    emit(f"{'way':<12} {'best ms/step':>13} {'median ms/step':>15}   ({args.steps} steps of {args.batch}, "
+    emit(f"{'way':<22} {'best ms/step':>13} {'median ms/step':>15}   ({args.steps} steps of {args.batch}, "
          f"{args.threads} thread{'s' if args.threads > 1 else ''})")
     best = {n: 1000 * min(t) for n, t in times.items()}
     med = {n: 1000 * statistics.median(t) for n, t in times.items()}
     for name in ways:
-        emit(f"{name:<12} {best[name]:>13.1f} {med[name]:>15.1f}")
+        emit(f"{name:<22} {best[name]:>13.1f} {med[name]:>15.1f}")
     ratio = best["torch form"] / best["fused"]
     emit(f"torch form / fused: {ratio:.2f}x (best), {med['torch form'] / med['fused']:.2f}x (median); "
-         f"fused / slayer: {best['fused'] / best['slayer']:.2f}x")
+         f"fused / slayer: {best['fused'] / best['slayer']:.2f}x; fused / fused with fast gradients: "
+         f"{best['fused'] / best['fused, fast gradients']:.2f}x")
     emit(f"RESULT name=neuron_gradient_cost variant={kernels.variant()} batch={args.batch} threads={args.threads} "
          f"torch_form_ms={best['torch form']:.1f} fused_ms={best['fused']:.1f} slayer_ms={best['slayer']:.1f} "
+         f"fused_fast_gradients_ms={best['fused, fast gradients']:.1f} "
          f"ratio={ratio:.2f}")
     if args.save:
         report.save(f"neuron_gradient_cost{args.suffix}")

@@ -23,6 +23,10 @@ pass it on to the synapse). Why and what it gained on the SFedCA MNIST net (its
 ANN twin's speed of fitting; 98.6 % on MNIST after 2 epochs where SLAYER's gave 97.6): docs/fidelity.md.
 Pools keep SLAYER's gradient (their neurons implement a max or average pool, which
 SpikingJelly does without a neuron).
+
+This module is the torch form. With the fast kernels on (``federation.fast_kernels``) the
+neuron runs as SLAYER's does, one fused C++ kernel each way (patch point ``reset_gradient``
+of :data:`neurofed.kernels.PATCHES`), with the same bits; its operations are this form's.
 """
 
 from __future__ import annotations
