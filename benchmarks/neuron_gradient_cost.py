@@ -61,22 +61,25 @@ def build(gradient: str, seed: int):
     return net, torch.optim.SGD(net.parameters(), lr=cfg["federation"]["lr"])
 
 
-def step(net, opt, x, y):
-    """One training step; returns the loss and the spikes of the output."""
-    out = net(x)
-    loss = torch.nn.functional.cross_entropy(net.readout(out).flatten(1), y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    return loss.detach(), out.detach()
-
-
-def grads_of(net, x, y):
+def backward(net, x, y):
+    """Forward, cross-entropy on the readout, backward (gradients cleared first); returns the
+    output spikes and the loss."""
     out = net(x)
     loss = torch.nn.functional.cross_entropy(net.readout(out).flatten(1), y)
     net.zero_grad(set_to_none=True)
     loss.backward()
-    return out.detach(), loss.detach(), {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+    return out.detach(), loss.detach()
+
+
+def step(net, opt, x, y) -> None:
+    """One training step."""
+    backward(net, x, y)
+    opt.step()
+
+
+def grads_of(net, x, y):
+    out, loss = backward(net, x, y)
+    return out, loss, {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -174,6 +174,13 @@ def _slayer_classes():
     return blocks, slayer.neuron.cuba.Neuron
 
 
+def exports_as(obj, cls) -> bool:
+    """Whether netx and NIR write ``obj`` (a block or a neuron) as a ``cls``: it is one, or a
+    subclass that says its forward is one's (``exports_as_base``: the factorized conv writes its
+    fused kernel, the SpikingJelly-gradient neuron differs only in its backward)."""
+    return type(obj) is cls or bool(getattr(obj, "exports_as_base", False))
+
+
 def structure_problems(model) -> list[str]:
     """Why netx cannot express this model (empty when it can)."""
     if getattr(model, "kind", "snn") != "snn":
@@ -192,8 +199,7 @@ def structure_problems(model) -> list[str]:
         if layer.kind not in SUPPORTED_KINDS:
             problems.append(f"{where}: netx cannot express this layer kind; supported: {', '.join(SUPPORTED_KINDS)}")
             continue
-        # exact class, or a subclass that exports as it (the factorized conv writes its fused kernel)
-        if type(block) is not classes[layer.kind] and not getattr(block, "exports_as_base", False):
+        if not exports_as(block, classes[layer.kind]):
             problems.append(f"{where}: block {type(block).__module__}.{type(block).__name__} does not load in netx; "
                             f"use slayer.block.cuba.{classes[layer.kind].__name__} (residual, Average, ConvT, "
                             f"Unpool, KWTA and ALIF blocks do not load)")
@@ -201,7 +207,7 @@ def structure_problems(model) -> list[str]:
         if layer.kind == "flatten":
             continue
         neuron = block.neuron
-        if type(neuron) is not neuron_cls and not getattr(neuron, "exports_as_base", False):
+        if not exports_as(neuron, neuron_cls):
             problems.append(f"{where}: neuron {type(neuron).__name__} is not CUBA-LIF; netx runs CUBA neurons")
         if getattr(neuron, "norm", None) is not None:
             problems.append(f"{where}: batch norm does not map exactly to netx (it becomes a bias Lava applies "

@@ -115,7 +115,7 @@ def nir_problems(model) -> list[str]:
     """Why this model cannot be written as the NIR graph above (empty when it can)."""
     if getattr(model, "kind", "snn") != "snn":
         return [f"model.kind is {model.kind!r}: only spiking models export to NIR"]
-    from neurofed.deploy.constraints import _slayer_classes
+    from neurofed.deploy.constraints import _slayer_classes, exports_as
     from neurofed.deploy.deployable import has_residual_joins
 
     if not has_residual_joins(model):  # (a residual model is refused below, block by block)
@@ -149,8 +149,7 @@ def nir_problems(model) -> list[str]:
             problems.append(f"{where}: no NIR mapping for this layer kind; supported: {', '.join(SUPPORTED_KINDS)}")
             continue
         voltage = model.is_voltage_layer(i)
-        if (type(block) is not classes[layer.kind] and not getattr(block, "exports_as_base", False)
-                and not (voltage and type(block) is slayer_affine())):
+        if not exports_as(block, classes[layer.kind]) and not (voltage and type(block) is slayer_affine()):
             problems.append(f"{where}: block {type(block).__name__} is not SLAYER's cuba.{classes[layer.kind].__name__}; "
                             f"the NIR export maps feed-forward CUBA blocks only (a residual block's skip path, "
                             f"ALIF's adaptive threshold, sigma-delta units have no CubaLIF equivalent)")
@@ -158,7 +157,7 @@ def nir_problems(model) -> list[str]:
         if layer.kind == "flatten":
             continue
         neuron = block.neuron
-        if type(neuron) is not neuron_cls and not getattr(neuron, "exports_as_base", False):
+        if not exports_as(neuron, neuron_cls):
             problems.append(f"{where}: neuron {type(neuron).__name__} is not CUBA-LIF; NIR's CubaLIF is the only "
                             f"neuron this export writes")
             continue

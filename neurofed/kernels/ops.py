@@ -51,6 +51,19 @@ class _FastLI(torch.autograd.Function):
         return grad_input, grad_decay, None, None, None
 
 
+def _cuba_fwd(z, cstate, vstate, p: dict, need_grad: bool, need_last: bool, shift: bool, save_voltage: bool):
+    """``ext.cuba_fwd`` on the input's rows of T steps and the flat states, with the neuron's
+    constants ``p`` (:func:`neurofed.kernels.replacements.cuba_constants`)."""
+    T = z.shape[-1]
+    return ext.cuba_fwd(
+        z.detach().contiguous().view(-1, T),
+        cstate.detach().contiguous().view(-1),
+        vstate.detach().contiguous().view(-1),
+        p["cdecay_int"], p["vdecay_int"], p["w_scale"], p["reset_th"], p["reset"],
+        p["spike_th"], p["tau"], bool(need_grad), bool(need_last), bool(shift), bool(save_voltage),
+    )
+
+
 class _FusedCuba(torch.autograd.Function):
     """cuba.Neuron.dynamics + Spike (non-graded) in one pass, optionally followed by
     the blocks' one-step delay (``shift``); returns spikes and, for persistent
@@ -58,14 +71,7 @@ class _FusedCuba(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z, cstate, vstate, p, need_last, need_grad, shift):
-        T = z.shape[-1]
-        spike, earg, clast, vlast = ext.cuba_fwd(
-            z.detach().contiguous().view(-1, T),
-            cstate.detach().contiguous().view(-1),
-            vstate.detach().contiguous().view(-1),
-            p["cdecay_int"], p["vdecay_int"], p["w_scale"], p["reset_th"], p["reset"],
-            p["spike_th"], p["tau"], bool(need_grad), bool(need_last), bool(shift), False,
-        )
+        spike, earg, clast, vlast = _cuba_fwd(z, cstate, vstate, p, need_grad, need_last, shift, save_voltage=False)
         ctx.p = p
         ctx.shift = bool(shift)
         ctx.save_for_backward(earg if need_grad else None)
@@ -98,14 +104,8 @@ class _FusedResetGradient(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z, cstate, vstate, p, alpha, need_grad):
-        T = z.shape[-1]
-        spike, voltage, _, _ = ext.cuba_fwd(
-            z.detach().contiguous().view(-1, T),
-            cstate.detach().contiguous().view(-1),
-            vstate.detach().contiguous().view(-1),
-            p["cdecay_int"], p["vdecay_int"], p["w_scale"], p["reset_th"], p["reset"],
-            p["spike_th"], p["tau"], bool(need_grad), False, False, True,
-        )
+        spike, voltage, _, _ = _cuba_fwd(z, cstate, vstate, p, need_grad, need_last=False, shift=False,
+                                         save_voltage=True)
         ctx.p, ctx.alpha = p, alpha
         ctx.save_for_backward(voltage if need_grad else None)
         return spike.view(z.shape)

@@ -151,7 +151,7 @@ def cuba_forward(self, input):
 def reset_gradient_forward(self, input):
     """Patched ``ResetGradientNeuron.forward`` (``model.neuron_gradient: spikingjelly``): the
     fused neuron's forward and SpikingJelly's backward in one kernel each way (CPU)."""
-    if self.graded_spike or self.persistent_state or input.device.type != "cpu" or not _cuba_eligible(self, input):
+    if self.persistent_state or input.device.type != "cpu" or not _cuba_eligible(self, input):
         return stock.functions["reset_gradient"](self, input)  # the torch form (and its errors)
     _prepare_state(self, input)
     need_grad = torch.is_grad_enabled() and input.requires_grad
