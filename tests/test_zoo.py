@@ -113,6 +113,40 @@ def test_residual_join_adds_the_shortcut():
     assert float(loud[..., 0].sum()) == 0  # shortcut delayed one step, output one more
 
 
+@pytest.mark.parametrize("norm", ["none", "batch"])
+def test_the_residual_ann_twin_adds_each_blocks_input_before_its_relu(norm):
+    # the ANN twin of SFedHIFI's ResNet-18 (twin_curves compares the SNN with it): a block's
+    # output is relu(norm(conv2(h)) + shortcut(x)), x the block's input; computed here by hand
+    # from the twin's own modules, the identity shortcut and the 1x1 one with its stride
+    from neurofed.models.residual import AnnResidualJoin
+
+    model = build_model({"name": "hifi_resnet18", "kind": "ann", "width": 0.125, "norm": norm}, (3, 16, 16), 10)
+    model.eval()
+    joins = [m for m in model.net if isinstance(m, AnnResidualJoin)]
+    assert len(joins) == 8 and joins[0].shortcut is not None and joins[1].shortcut is None
+    assert joins[2].shortcut.stride == (2, 2)
+    x = torch.randn(2, 3, 16, 16)
+    seen = {}
+    for i, span in enumerate(model.spans):
+        for m in model.net[span]:
+            m.register_forward_hook(lambda mod, args, out, i=i: seen.setdefault(i, []).append((args, out)))
+    out = model(x)
+    assert out.shape == (2, 10)
+    layers = model.layers
+    for i, layer in enumerate(layers):
+        if layer.options.get("residual") != "close":
+            continue
+        block_input = seen[i - 2][-1][1]  # the open layer's input is the output of the layer before it
+        conv_input = seen[i - 1][-1][1]  # the open layer's ReLU output
+        join = model.net[model.spans[i]][0]
+        short = block_input if join.shortcut is None else join.shortcut_norm(join.shortcut(block_input))
+        expected = torch.relu(join.norm(join.conv(conv_input)) + short)
+        assert torch.allclose(seen[i][-1][1], expected, atol=1e-6)
+    model.train()
+    F.cross_entropy(model(x), torch.tensor([1, 2])).backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
 # ----------------------------------------------------------------------------- export and energy
 
 def test_resnet_export_refused_with_the_reason():

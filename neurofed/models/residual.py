@@ -79,6 +79,27 @@ class ResidualJoin(nn.Module):
         return slayer.block.base.step_delay(self, out) if self.delay_shift else out
 
 
+class AnnResidualJoin(nn.Module):
+    """The ANN twin's close layer (``model.kind: ann``): ``norm(conv3x3(h)) + shortcut(skip)``,
+    the shortcut the identity or a (normed) 1×1 convolution with the stride, as
+    :class:`ResidualJoin` without the neuron and its delay; the twin applies its ReLU after the
+    sum, as torchvision's and the SFedHIFI authors' basic block (``relu(bn2(conv2(·)) + downsample(x))``)."""
+
+    def __init__(self, layer: Layer, normed: bool):
+        super().__init__()
+        o = layer.options
+        in_c, out = layer.in_shape[0], layer.out
+        self.conv = nn.Conv2d(in_c, out, layer.kernel, layer.stride, layer.padding)
+        skip_c, stride = o["skip_channels"], o.get("skip_stride", 1)
+        self.shortcut = nn.Conv2d(skip_c, out, 1, stride) if stride != 1 or skip_c != out else None
+        self.norm = ChannelBatchNorm(out) if normed else nn.Identity()
+        self.shortcut_norm = ChannelBatchNorm(out) if normed and self.shortcut is not None else nn.Identity()
+
+    def forward(self, h: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        shortcut = skip if self.shortcut is None else self.shortcut_norm(self.shortcut(skip))
+        return self.norm(self.conv(h)) + shortcut
+
+
 def residual_join_block(layer: Layer, params: dict, syn: dict, norm: str = "none") -> ResidualJoin:
     """The SNN builder's entry for a layer with ``options["residual"] == "close"`` (its 3×3
     synapse factorized when ``options["block"] == "factorized_conv"``; ``norm`` is

@@ -10,7 +10,7 @@ from neurofed.models.factorized import factorized_conv_block
 from neurofed.models.norm import ChannelBatchNorm, batch_normed
 from neurofed.models.quantize import build_hook, quantize_8bit  # noqa: F401  (quantize_8bit: also read from here)
 from neurofed.models.reset_gradient import use_reset_gradient
-from neurofed.models.residual import residual_join_block
+from neurofed.models.residual import AnnResidualJoin, residual_join_block
 from neurofed.models.spec import Layer
 
 slayer = _slayer()
@@ -235,41 +235,56 @@ class SpikingNet(nn.Module):
 
 
 class AnnNet(nn.Module):
-    """The ANN twin: the same topology with ReLU units, fed analog (N, C, H, W) input."""
+    """The ANN twin: the same topology with ReLU units, fed analog (N, C, H, W) input.
+
+    ``net`` is the flat sequence of every layer's modules; ``spans[i]`` is layer i's slice of
+    it, so a residual block's open layer keeps its input and its close layer
+    (:class:`~neurofed.models.residual.AnnResidualJoin`) adds it, as in :class:`SpikingNet`.
+    A global pool (``kernel`` 0) is an adaptive average pool to 1×1."""
 
     kind = "ann"
 
     def __init__(self, layers: list[Layer], model_cfg: dict, logit_scale: float = 1.0):
         super().__init__()
-        if any(layer.options.get("residual") for layer in layers):
-            raise ValueError("model.kind: ann is not built for residual models (resnet18); "
-                             "their energy report prices the ANN twin's MACs from the layer list")
         self.layers = layers
         # the twin of a normed SNN is normed alike: the same per-channel norm before each
         # hidden layer's units (running statistics averaged by the server as the SNN's)
         normed = model_cfg.get("norm", "none") == "batch"
         mods: list[nn.Module] = []
+        self.spans: list[slice] = []
         last = len(layers) - 1
         for i, layer in enumerate(layers):
-            if layer.kind == "conv":
+            start = len(mods)
+            if layer.options.get("residual") == "close":
+                mods.append(AnnResidualJoin(layer, normed))  # normed inside, before the sum
+            elif layer.kind == "conv":
                 mods.append(nn.Conv2d(layer.in_shape[0], layer.out, layer.kernel, layer.stride, layer.padding))
             elif layer.kind == "pool":
-                mods.append(nn.AvgPool2d(layer.kernel, layer.stride))
+                mods.append(nn.AdaptiveAvgPool2d(1) if layer.kernel == 0 else nn.AvgPool2d(layer.kernel, layer.stride))
             elif layer.kind == "flatten":
                 mods.append(nn.Flatten())
             elif layer.kind == "dense":
                 mods.append(nn.Linear(layer.in_shape[0], layer.out))
             if layer.kind in ("conv", "dense") and i != last:
-                mods += [ChannelBatchNorm(layer.out)] if normed else []
+                if normed and layer.options.get("residual") != "close":
+                    mods.append(ChannelBatchNorm(layer.out))
                 mods.append(nn.ReLU())
+            self.spans.append(slice(start, len(mods)))
         self.net = nn.Sequential(*mods)
+        self._parts = [(layer.options.get("residual"), mods[span]) for layer, span in zip(layers, self.spans)]
         self.record = False
         self.layer_spikes: list[torch.Tensor] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 5:  # (N, C, H, W, T) spike/event input: the ANN sees its time average
             x = x.mean(-1)
-        return self.net(x)
+        skip = None
+        for role, parts in self._parts:
+            if role == "open":
+                skip = x
+            for m in parts:
+                x = m(x, skip) if isinstance(m, AnnResidualJoin) else m(x)
+        return x
 
     def readout(self, output: torch.Tensor) -> torch.Tensor:
         return output
