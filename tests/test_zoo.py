@@ -127,8 +127,8 @@ def test_the_residual_ann_twin_adds_each_blocks_input_before_its_relu(norm):
     assert joins[2].shortcut.stride == (2, 2)
     x = torch.randn(2, 3, 16, 16)
     seen = {}
-    for i, span in enumerate(model.spans):
-        for m in model.net[span]:
+    for i, parts in enumerate(model.parts):
+        for m in parts:
             m.register_forward_hook(lambda mod, args, out, i=i: seen.setdefault(i, []).append((args, out)))
     out = model(x)
     assert out.shape == (2, 10)
@@ -138,7 +138,7 @@ def test_the_residual_ann_twin_adds_each_blocks_input_before_its_relu(norm):
             continue
         block_input = seen[i - 2][-1][1]  # the open layer's input is the output of the layer before it
         conv_input = seen[i - 1][-1][1]  # the open layer's ReLU output
-        join = model.net[model.spans[i]][0]
+        join = model.parts[i][0]
         short = block_input if join.shortcut is None else join.shortcut_norm(join.shortcut(block_input))
         expected = torch.relu(join.norm(join.conv(conv_input)) + short)
         assert torch.allclose(seen[i][-1][1], expected, atol=1e-6)

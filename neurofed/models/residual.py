@@ -41,6 +41,13 @@ EXPORT_REFUSAL = ("residual connection: netx (lava-dl 0.6) loads feed-forward ch
                   "Dense blocks only; this model trains and is energy-counted, but cannot be exported")
 
 
+def shortcut_projection(layer: Layer) -> tuple[int, int, int, int] | None:
+    """A close layer's shortcut as a 1×1 convolution's (in, out, kernel 1, stride), where the
+    block changes the stride or the channels; None where the shortcut is the identity."""
+    skip_c, stride = layer.options["skip_channels"], layer.options.get("skip_stride", 1)
+    return (skip_c, layer.out, 1, stride) if stride != 1 or skip_c != layer.out else None
+
+
 class ResidualJoin(nn.Module):
     """The close layer of a basic block: 3×3 synapse on ``h`` + shortcut of ``skip``,
     one CUBA neuron, the blocks' one-step delay. ``forward(h, skip)``."""
@@ -62,9 +69,8 @@ class ResidualJoin(nn.Module):
                                                  weight_scale=syn["weight_scale"], pre_hook_fx=syn["pre_hook_fx"])
         else:
             self.synapse = slayer.synapse.Conv(in_c, out, layer.kernel, padding=pad, **syn)
-        skip_c, stride = o["skip_channels"], o.get("skip_stride", 1)
-        self.shortcut = (slayer.synapse.Conv(skip_c, out, 1, stride=stride, **syn)
-                         if stride != 1 or skip_c != out else None)
+        projection = shortcut_projection(layer)
+        self.shortcut = slayer.synapse.Conv(*projection, **syn) if projection else None
         self.neuron = slayer.neuron.cuba.Neuron(**neuron_params)
         normed = norm == "batch"
         self.norm = ChannelBatchNorm(out) if normed else nn.Identity()
@@ -87,11 +93,10 @@ class AnnResidualJoin(nn.Module):
 
     def __init__(self, layer: Layer, normed: bool):
         super().__init__()
-        o = layer.options
         in_c, out = layer.in_shape[0], layer.out
         self.conv = nn.Conv2d(in_c, out, layer.kernel, layer.stride, layer.padding)
-        skip_c, stride = o["skip_channels"], o.get("skip_stride", 1)
-        self.shortcut = nn.Conv2d(skip_c, out, 1, stride) if stride != 1 or skip_c != out else None
+        projection = shortcut_projection(layer)
+        self.shortcut = nn.Conv2d(*projection) if projection else None
         self.norm = ChannelBatchNorm(out) if normed else nn.Identity()
         self.shortcut_norm = ChannelBatchNorm(out) if normed and self.shortcut is not None else nn.Identity()
 

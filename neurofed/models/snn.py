@@ -237,8 +237,8 @@ class SpikingNet(nn.Module):
 class AnnNet(nn.Module):
     """The ANN twin: the same topology with ReLU units, fed analog (N, C, H, W) input.
 
-    ``net`` is the flat sequence of every layer's modules; ``spans[i]`` is layer i's slice of
-    it, so a residual block's open layer keeps its input and its close layer
+    ``net`` is the flat sequence of every layer's modules; ``parts[i]`` is layer i's run of
+    them, so a residual block's open layer keeps its input and its close layer
     (:class:`~neurofed.models.residual.AnnResidualJoin`) adds it, as in :class:`SpikingNet`.
     A global pool (``kernel`` 0) is an adaptive average pool to 1×1."""
 
@@ -250,11 +250,11 @@ class AnnNet(nn.Module):
         # the twin of a normed SNN is normed alike: the same per-channel norm before each
         # hidden layer's units (running statistics averaged by the server as the SNN's)
         normed = model_cfg.get("norm", "none") == "batch"
-        mods: list[nn.Module] = []
-        self.spans: list[slice] = []
+        self.parts: list[list[nn.Module]] = []
         last = len(layers) - 1
         for i, layer in enumerate(layers):
-            start = len(mods)
+            mods: list[nn.Module] = []
+            self.parts.append(mods)
             if layer.options.get("residual") == "close":
                 mods.append(AnnResidualJoin(layer, normed))  # normed inside, before the sum
             elif layer.kind == "conv":
@@ -269,9 +269,7 @@ class AnnNet(nn.Module):
                 if normed and layer.options.get("residual") != "close":
                     mods.append(ChannelBatchNorm(layer.out))
                 mods.append(nn.ReLU())
-            self.spans.append(slice(start, len(mods)))
-        self.net = nn.Sequential(*mods)
-        self._parts = [(layer.options.get("residual"), mods[span]) for layer, span in zip(layers, self.spans)]
+        self.net = nn.Sequential(*(m for mods in self.parts for m in mods))
         self.record = False
         self.layer_spikes: list[torch.Tensor] = []
 
@@ -279,8 +277,8 @@ class AnnNet(nn.Module):
         if x.dim() == 5:  # (N, C, H, W, T) spike/event input: the ANN sees its time average
             x = x.mean(-1)
         skip = None
-        for role, parts in self._parts:
-            if role == "open":
+        for layer, parts in zip(self.layers, self.parts):
+            if layer.options.get("residual") == "open":
                 skip = x
             for m in parts:
                 x = m(x, skip) if isinstance(m, AnnResidualJoin) else m(x)
