@@ -62,19 +62,11 @@ class Report:
 
 
 def run_rounds(run_dir) -> list[dict]:
-    """The per-round records of a run folder's metrics.jsonl (a line cut by an interrupted
-    run is skipped: the resumed run writes it again)."""
-    import json
-    from pathlib import Path
+    """The per-round records of a run folder's metrics.jsonl, as the run itself reads them (a
+    last line cut by an interrupted run is skipped: the resumed run writes it again)."""
+    from neurofed.rundir import read_metrics
 
-    path = Path(run_dir) / "metrics.jsonl"
-    rows = []
-    for line in (path.read_text(encoding="utf-8").splitlines() if path.exists() else []):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    return read_metrics(run_dir, None)[0]
 
 
 def run_to(config: str, run_dir, rounds: int, sets: list[str], log_path) -> int:

@@ -159,11 +159,11 @@ def append_metrics(run_dir: Path, record: dict) -> None:
         os.close(fd)
 
 
-def read_metrics(run_dir: Path, upto: int) -> tuple[list[dict], list[str]]:
-    """The lines of ``metrics.jsonl`` of rounds 1..``upto`` (the checkpoint's round), and notes
-    on what was dropped: a half-written last line (a kill mid-write) and lines of rounds
-    past the checkpoint are recomputed by the resumed run. A damaged line inside the file
-    is a RunFileError naming it."""
+def read_metrics(run_dir: Path, upto: int | None) -> tuple[list[dict], list[str]]:
+    """The lines of ``metrics.jsonl`` of rounds 1..``upto`` (the checkpoint's round; None: every
+    line, for readers of a finished or running run), and notes on what was dropped: a
+    half-written last line (a kill mid-write) and lines of rounds past the checkpoint are
+    recomputed by the resumed run. A damaged line inside the file is a RunFileError naming it."""
     path = Path(run_dir) / METRICS
     if not path.exists():
         return [], []
@@ -184,6 +184,8 @@ def read_metrics(run_dir: Path, upto: int) -> tuple[list[dict], list[str]]:
                          f"the rounds after {upto} from the checkpoint")
             break
         history.append(record)
+    if upto is None:
+        return history, notes
     past = [h["round"] for h in history if h["round"] > upto]
     history = [h for h in history if h["round"] <= upto]
     if past:

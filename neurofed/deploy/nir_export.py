@@ -113,8 +113,14 @@ def nir_model(model):
 
 def nir_problems(model) -> list[str]:
     """Why this model cannot be written as the NIR graph above (empty when it can)."""
+    return checked_nir_model(model)[1]
+
+
+def checked_nir_model(model) -> tuple:
+    """(the network the graph would hold, why it cannot be written: empty when it can). The
+    fold is made once here, for the check and the writer both."""
     if getattr(model, "kind", "snn") != "snn":
-        return [f"model.kind is {model.kind!r}: only spiking models export to NIR"]
+        return model, [f"model.kind is {model.kind!r}: only spiking models export to NIR"]
     from neurofed.deploy.constraints import _slayer_classes, exports_as
     from neurofed.deploy.deployable import has_residual_joins
 
@@ -122,7 +128,7 @@ def nir_problems(model) -> list[str]:
         try:
             model = nir_model(model)
         except DeployError as exc:
-            return [str(exc)]
+            return model, [str(exc)]
         except RuntimeError:  # blocks its config does not rebuild (swapped by hand): checked as they are
             pass
 
@@ -182,7 +188,7 @@ def nir_problems(model) -> list[str]:
                 problems.append(f"{where}: kernel {k}, stride {s}, padding {layer.padding} on {h}x{w}: the "
                                 f"grouped-convolution form of a pool is exact only when it tiles its input "
                                 f"(stride == kernel, no padding, sizes a multiple of the kernel)")
-    return problems
+    return model, problems
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -265,10 +271,10 @@ def to_nir(model, dt: float = STEP_SECONDS, meta: dict | None = None):
     nir = _nir()
     from neurofed.deploy.netx_entries import pool_as_conv_weight
 
-    problems = nir_problems(model)
+    model, problems = checked_nir_model(model)
     if problems:
         raise DeployError("\n".join(["the model cannot be written as NIR:"] + problems))
-    model = nir_model(model)
+    model = nir_model(model)  # the checked fold as it is (a deployable copy is its own); unfolded: folded here
     nodes = {"input": nir.Input(input_type={"input": np.array(model.layers[0].in_shape)})}
     edges = []
     prev = "input"
