@@ -274,7 +274,9 @@ def to_nir(model, dt: float = STEP_SECONDS, meta: dict | None = None):
     model, problems = checked_nir_model(model)
     if problems:
         raise DeployError("\n".join(["the model cannot be written as NIR:"] + problems))
-    model = nir_model(model)  # the checked fold as it is (a deployable copy is its own); unfolded: folded here
+    # the check's fold comes back as it is (deployable_copy returns a deployable copy unchanged); where
+    # the check could not fold (blocks swapped by hand), this fold raises its error, as before
+    model = nir_model(model)
     nodes = {"input": nir.Input(input_type={"input": np.array(model.layers[0].in_shape)})}
     edges = []
     prev = "input"
