@@ -3,7 +3,7 @@ with the norms' kept statistics and with each batch's own, on the training set, 
 images tie for the top logit (a spike-count readout's counts tie; ``argmax`` takes the lowest
 label among the tied).
 
-    python benchmarks/fit_check.py RUN_DIR [--samples 10000] [--round last]
+    python benchmarks/fit_check.py RUN_DIR [--samples 10000] [--round last] [--all-test]
 
 A training-set score not far above the test score says the network fits slowly (more steps or
 a larger step would help); a gap between the two statistics says the kept ones are off.
@@ -37,12 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=10000, help="images of each set scored (the first ones)")
     p.add_argument("--round", default="last", help="best, last or a kept round's number")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--all-test", action="store_true",
+                   help="score the data set's whole test split, not the run's data.test_subset slice")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    from neurofed.data import load_dataset
     from neurofed.deploy.export import load_global_model
+    from neurofed.rundir import read_run_config
     from neurofed.training.local import forward_dataset
 
-    run = load_global_model(args.run_dir, model_round=args.round)
+    dataset = None
+    if args.all_test:  # a run evaluated on a slice for speed; the papers' tables use the whole split
+        cfg = read_run_config(args.run_dir)
+        dataset = load_dataset({**cfg["data"], "test_subset": None}, cfg["seed"])
+    run = load_global_model(args.run_dir, dataset=dataset, model_round=args.round)
     ds, n = run.dataset, args.samples
     print(machine_header("fit_check", f"({args.threads} thread(s))"))
     print(f"\n{args.run_dir}, round {run.round}, first {n} images of each set\n")
