@@ -64,3 +64,42 @@ def test_a_terminal_gets_the_progress_bars(tmp_path):
     screen = b"".join(chunks).decode(errors="replace")
     assert "fedavg rounds" in screen and "\r" in screen  # tqdm's bar, redrawn in place
     assert "fedavg round 1/3:" not in screen  # no log lines on a terminal
+
+
+def test_a_second_run_on_the_same_folder_stops_while_the_first_writes(tmp_path):
+    # A resume launched while the first process still runs would interleave its rounds with
+    # the first's in metrics.jsonl and race it for the checkpoint; it must stop at once.
+    import json
+    import signal
+    import time
+
+    out = tmp_path / "r"
+    metrics = out / "metrics.jsonl"
+
+    def argv(rounds: int, *extra: str) -> list[str]:
+        return [a.replace("federation.rounds=3", f"federation.rounds={rounds}") for a in _argv(out, "--quiet", *extra)]
+
+    def rounds_recorded() -> list[int]:
+        text = metrics.read_text()
+        lines = text.splitlines()[: None if text.endswith("\n") else -1]  # the kill may cut a line short
+        return [json.loads(line)["round"] for line in lines]
+
+    first = subprocess.Popen(argv(10_000), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env())
+    try:
+        deadline = time.monotonic() + 300
+        while not (metrics.exists() and metrics.read_text().strip()):
+            assert first.poll() is None and time.monotonic() < deadline, "the first run wrote no round"
+            time.sleep(0.2)
+        second = subprocess.run(argv(10_000, "--resume"), capture_output=True, text=True, timeout=600, env=_env())
+        assert first.poll() is None  # still training: the second ran beside it
+    finally:
+        first.send_signal(signal.SIGKILL)  # however the holder ends, its lock goes with it
+        first.wait(timeout=60)
+    assert second.returncode == 2, second.stderr[-2000:]
+    errors = [line for line in second.stderr.splitlines() if "another neurofed run is writing in this folder" in line]
+    assert len(errors) == 1 and str(out) in errors[0], second.stderr[-2000:]
+    done = rounds_recorded()
+    assert done == list(range(1, len(done) + 1))  # nothing of the second process in the first's record
+    more = subprocess.run(argv(len(done) + 1, "--resume"), capture_output=True, text=True, timeout=600, env=_env())
+    assert more.returncode == 0, more.stderr[-2000:]
+    assert rounds_recorded()[-1] == len(done) + 1 and len(rounds_recorded()) == len(done) + 1

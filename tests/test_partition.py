@@ -310,6 +310,36 @@ def test_dir_sizes_redraw_until_min_size(scheme):
         assert min(len(p) for p in parts) >= 100
 
 
+@pytest.mark.parametrize("scheme", ["dir_n", "ci"])
+def test_floor_rule_meets_min_size_where_redrawing_never_does(scheme):
+    # SFedCA's Dir_100(0.3) / CI(3:1; 0.3) at the paper's scale: 100 clients over 60,000 labels.
+    # One Dir(0.3) draw gives every client >= 10 samples with probability ~1e-11.
+    labels = np.arange(60_000) % 10
+    with pytest.raises(PartitionError, match=r"^partition\.min_size: .*min_size_rule=floor$"):
+        run(labels, 10, 0, scheme=scheme, num_clients=100, alpha=0.3, min_size=10)
+    for seed in range(3):
+        parts = run(labels, 10, seed, scheme=scheme, num_clients=100, alpha=0.3, min_size=10,
+                    min_size_rule="floor")
+        check_basic(parts, len(labels), 100)
+        sizes = np.array([len(p) for p in parts])
+        assert sizes.min() >= 10
+        above = np.sort(sizes - 10)[::-1]
+        # still Dir(0.3)'s skew above the floor: the 10 largest clients hold over 3x their even share
+        assert above[:10].sum() > 0.3 * above.sum() and (above == 0).sum() >= 1
+
+
+def test_floor_rule_at_a_large_alpha_gives_near_equal_sizes_above_the_floor():
+    labels = np.arange(10_000) % 10
+    sizes = [len(p) for p in run(labels, 10, 0, scheme="dir_n", num_clients=10, alpha=1e4, min_size=400,
+                                 min_size_rule="floor")]
+    assert min(sizes) > 0.95 * 1000 and max(sizes) < 1.05 * 1000 and sum(sizes) == 10_000
+
+
+def test_unknown_min_size_rule_is_one_line_naming_the_rules():
+    with pytest.raises(PartitionError, match=r"^partition\.min_size_rule: got 'never'; allowed: redraw, floor$"):
+        run(np.arange(100) % 10, 10, 0, scheme="dir_n", num_clients=4, min_size_rule="never")
+
+
 # --------------------------------------------------------------------------- ci
 
 

@@ -70,6 +70,28 @@ def test_preset_validates_and_fits_its_dataset(path, roots):
     assert m["quantize"] is False
 
 
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_preset_partitions_its_datasets_published_training_set(path):
+    # At the paper's own scale (e.g. 100 clients over MNIST's 60,000 images), not the tiny files':
+    # labels in the published class counts, the preset's partition section as it is.
+    from neurofed.data.image_formats import IMAGE_SETS
+    from neurofed.data.partition import PARTITION_DEFAULTS, partition
+    import numpy as np
+
+    cfg = load_config(path, overrides=["data.root=/nonexistent"])
+    image_set = IMAGE_SETS[cfg["data"]["name"]]
+    train_size, classes = image_set.sizes[0], image_set.num_classes
+    labels = np.arange(train_size) % classes
+    parts = partition(labels, classes, cfg["partition"], np.random.default_rng(cfg["seed"]))
+    sizes = np.array([len(p) for p in parts])
+    assert len(sizes) == cfg["partition"]["num_clients"]
+    min_size = cfg["partition"].get("min_size", PARTITION_DEFAULTS["min_size"])
+    if cfg["partition"]["scheme"] in ("dirichlet", "dir_n", "ci"):
+        assert sizes.min() >= min(min_size, train_size // (2 * len(sizes)))
+    else:
+        assert sizes.min() > 0
+
+
 def _model_and_data(path: Path) -> tuple[str, str]:
     raw = yaml.safe_load(path.read_text())
     return raw["model"]["name"], raw["data"]["name"]

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from neurofed.config import Section, choice, number, register_section
-from neurofed.data.schemes import (MAX_DRAWS, SCHEMES, SCHEME_FUNCS, PartitionError, check_labels, get_int,
-                                   parts_from_owner)
+from neurofed.data.schemes import (MAX_DRAWS, MIN_SIZE_RULES, SCHEMES, SCHEME_FUNCS, PartitionError, check_labels,
+                                   get_int, parts_from_owner)
 
 PARTITION_DEFAULTS: dict = {
     "scheme": "iid",
@@ -26,6 +26,7 @@ PARTITION_DEFAULTS: dict = {
     "shards_per_client": 2,
     "ratio": [3, 1],
     "min_size": 10,
+    "min_size_rule": "redraw",
 }
 
 
@@ -47,6 +48,7 @@ register_section(Section("partition", PARTITION_DEFAULTS, lambda: {
     "partition.shards_per_client": number(1, integer=True),
     "partition.ratio": _ratio,
     "partition.min_size": number(0, integer=True),
+    "partition.min_size_rule": choice(MIN_SIZE_RULES),
 }))
 
 # describe() prints one column per class up to this many classes, a compact list beyond.

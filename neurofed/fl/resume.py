@@ -3,9 +3,12 @@ checkpoint; a start that fails before its first checkpoint leaves it as it was."
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 from neurofed.config import ConfigError
@@ -53,6 +56,26 @@ def config_differences(saved: dict, current: dict) -> list[str]:
         if old.get(key, "<absent>") != new.get(key, "<absent>"):
             diffs.append(key)
     return diffs
+
+
+@contextmanager
+def run_dir_lock(out: Path):
+    """Hold an exclusive ``flock`` on the run folder itself while a run writes in it.
+
+    A second run on the same ``--out`` (a resume started while the first still runs)
+    stops at once with one line, where it would otherwise interleave its rounds with
+    the first's in metrics.jsonl and race it for the checkpoint. The kernel drops the
+    lock when its holder exits, however it ends, so it never outlives a run."""
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirError(f"--out {out}: another neurofed run is writing in this folder; wait for it to end "
+                              f"(or stop it), then resume, or choose another --out") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def prepare_run_dir(out: Path, cfg: dict, resume: bool) -> dict | None:

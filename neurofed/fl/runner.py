@@ -22,10 +22,10 @@ from neurofed.config import dump_config
 from neurofed.device import describe_device, device_line, resolve_device
 from neurofed.fl.experiment import Experiment
 from neurofed.fl.health import Health
-from neurofed.fl.resume import RunDirError, note, prepare_run_dir, remove_failed_start
+from neurofed.fl.resume import RunDirError, note, prepare_run_dir, remove_failed_start, run_dir_lock
 from neurofed.fl.summary import RunFailedError, announce, summarize, write_plots
 from neurofed.logs import RUN_LOG, close_run_log, open_run_log
-from neurofed.rundir import CHECKPOINT, MODEL_BEST, MODEL_LAST, RunDir, run_outputs_in
+from neurofed.rundir import CHECKPOINT, MODEL_BEST, MODEL_LAST, RunDir, check_out_dir, run_outputs_in
 from neurofed.seeds import measured_on
 from neurofed.stamp import environment
 from neurofed.tracking import TensorBoardLog
@@ -55,11 +55,14 @@ def train(cfg: dict, out: str | Path, resume: bool = False, progress: bool = Tru
     fails before its first checkpoint leaves ``out`` as it found it."""
     out = Path(out)
     created, before = not out.exists(), set(run_outputs_in(out)) | ({RUN_LOG} if (out / RUN_LOG).exists() else set())
-    try:
-        return _train(cfg, out, resume, progress, after, experiment)
-    except BaseException:
-        remove_failed_start(out, created, before)
-        raise
+    check_out_dir(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with run_dir_lock(out):  # refused here, another run's files are not this start's to clean up
+        try:
+            return _train(cfg, out, resume, progress, after, experiment)
+        except BaseException:
+            remove_failed_start(out, created, before)
+            raise
 
 
 def _train(cfg: dict, out: Path, resume: bool, progress: bool, after: AfterTraining | None,
