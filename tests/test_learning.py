@@ -240,3 +240,24 @@ def test_a_voltage_readout_maps_to_netx():
     # read from the Lava neuron's voltage (tests/test_lava_mechanisms.py)
     assert structure_problems(_model(name="mlp", readout="voltage")) == []
     assert structure_problems(_model(name="mlp")) == []
+
+
+def test_accuracy_is_the_exact_fraction_so_a_target_met_exactly_counts(tiny_cfg):
+    # 19 of 20 right is 0.95; a float32 mean gives 0.94999999, and "rounds to 95 %" missed it
+    from neurofed.data import load_dataset
+    from neurofed.data.encoding import as_tensor
+    from neurofed.models import build_run_model
+    from neurofed.seeds import seed_for
+    from neurofed.training.local import evaluate, forward_dataset
+
+    cfg = tiny_cfg()
+    ds = load_dataset(cfg["data"])
+    torch.manual_seed(0)
+    model = build_run_model(cfg, ds)
+    x = as_tensor(ds.x_test)[:20]
+    logits, _ = forward_dataset(model, x, cfg["data"], seed_for(cfg["seed"], "eval"))
+    y = logits.argmax(1).clone()
+    y[0] = (y[0] + 1) % ds.num_classes  # exactly one of the 20 wrong
+    accuracy = evaluate(model, x, y, cfg, seed_for(cfg["seed"], "eval"))["accuracy"]
+    assert accuracy >= 0.95 and accuracy == 19 / 20
+    assert float(torch.tensor([1.0] * 19 + [0.0]).mean()) < 0.95  # what the float32 mean gave

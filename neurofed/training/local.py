@@ -192,7 +192,8 @@ def evaluate(model, x: torch.Tensor, y: torch.Tensor, cfg: dict, seed: int) -> d
     """Test accuracy, loss and firing rates of ``model`` on (x, y)."""
     logits, spikes = forward_dataset(model, x, cfg["data"], seed)
     result = {
-        "accuracy": float((logits.argmax(1) == y).float().mean()),
+        # the exact fraction: a float32 mean makes 1,900 of 2,000 0.94999999, short of a 95 % target
+        "accuracy": int((logits.argmax(1) == y).sum()) / max(len(y), 1),
         "loss": float(F.cross_entropy(logits, y)),
     }
     if spikes is not None:
