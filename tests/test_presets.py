@@ -75,7 +75,7 @@ def test_preset_partitions_its_datasets_published_training_set(path):
     # At the paper's own scale (e.g. 100 clients over MNIST's 60,000 images), not the tiny files':
     # labels in the published class counts, the preset's partition section as it is.
     from neurofed.data.image_formats import IMAGE_SETS
-    from neurofed.data.partition import PARTITION_DEFAULTS, partition
+    from neurofed.data.partition import partition
     import numpy as np
 
     cfg = load_config(path, overrides=["data.root=/nonexistent"])
@@ -85,7 +85,7 @@ def test_preset_partitions_its_datasets_published_training_set(path):
     parts = partition(labels, classes, cfg["partition"], np.random.default_rng(cfg["seed"]))
     sizes = np.array([len(p) for p in parts])
     assert len(sizes) == cfg["partition"]["num_clients"]
-    min_size = cfg["partition"].get("min_size", PARTITION_DEFAULTS["min_size"])
+    min_size = cfg["partition"]["min_size"]
     if cfg["partition"]["scheme"] in ("dirichlet", "dir_n", "ci"):
         assert sizes.min() >= min(min_size, train_size // (2 * len(sizes)))
     else:

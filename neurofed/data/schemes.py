@@ -181,14 +181,14 @@ def _too_small(scheme: str, n: int, min_size: int, alpha: float, best: int,
 
 
 def _get_min_size_rule(cfg: dict) -> str:
-    rule = cfg.get("min_size_rule", "redraw")
+    rule = cfg["min_size_rule"]
     if rule not in MIN_SIZE_RULES:
         raise PartitionError(f"partition.min_size_rule: got {rule!r}; allowed: {', '.join(MIN_SIZE_RULES)}")
     return rule
 
 
 def _dirichlet_sizes(scheme: str, total: int, n: int, alpha: float, min_size: int,
-                     rng: np.random.Generator, rule: str = "redraw") -> np.ndarray:
+                     rng: np.random.Generator, rule: str) -> np.ndarray:
     """Client sizes from q ~ Dir(alpha) that are all >= min_size: redrawn until they are
     (``redraw``), or ``min_size`` each plus a share of the rest (``floor``)."""
     if rule == "floor":  # min_size <= total // (2n), so the rest is at least half the samples

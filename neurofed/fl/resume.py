@@ -13,8 +13,7 @@ from pathlib import Path
 
 from neurofed.config import ConfigError
 from neurofed.logs import RUN_LOG, close_run_log
-from neurofed.rundir import (CHECKPOINT, LEGACY_CHECKPOINT, check_out_dir, legacy_checkpoint_error, load_state,
-                             run_outputs_in)
+from neurofed.rundir import CHECKPOINT, LEGACY_CHECKPOINT, legacy_checkpoint_error, load_state, run_outputs_in
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +78,12 @@ def run_dir_lock(out: Path):
 
 
 def prepare_run_dir(out: Path, cfg: dict, resume: bool) -> dict | None:
-    """Create or reopen ``out``; return the checkpoint state when resuming.
+    """Check the run folder ``out`` (made and locked by the runner's ``train``) for this
+    start; return the checkpoint state when resuming.
 
     Nothing a run would write may already be there unless it continues that run from
     its checkpoint: without ``--resume`` any such file is refused, and ``--resume``
     without a checkpoint starts afresh only in a folder that holds none of them."""
-    check_out_dir(out)
     ckpt = out / CHECKPOINT
     existing = run_outputs_in(out)
     if resume:
@@ -95,7 +94,6 @@ def prepare_run_dir(out: Path, cfg: dict, resume: bool) -> dict | None:
                 raise RunDirError(f"--resume: {out} holds {_listed(existing)} but no {CHECKPOINT} to continue "
                                   f"from; starting again would overwrite them: choose another --out")
             note(f"--resume: {out} holds no {CHECKPOINT}; starting from round 1")
-            out.mkdir(parents=True, exist_ok=True)
             return None
         state = load_state(ckpt, "checkpoint")
         if not isinstance(state, dict) or not {"round", "server", "clients", "config"} <= set(state):
@@ -112,7 +110,6 @@ def prepare_run_dir(out: Path, cfg: dict, resume: bool) -> dict | None:
     if existing:
         raise RunDirError(f"--out {out}: already holds {_listed(existing)}, which this run would overwrite; "
                           f"pass --resume to continue a run, or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
     return None
 
 
