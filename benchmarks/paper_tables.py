@@ -47,6 +47,18 @@ METHODS = {
     "fedmos": ("FedSNN+FedMoS", ["algorithm.name=fedmos"]),
     "fedavg_ann": ("FedAvg (ANN)", ["algorithm.name=fedavg", "model.kind=ann"]),
 }
+PAPER_ROWS = list(METHODS)  # the default --methods
+# Variants beside the rows, each read against the paper row it stands in for: FedSNN with the
+# plain mean of FedLab's SyncServerHandler, the server the authors' code extends (FedSNN's
+# random-selection baseline likely ran on it; neurofed's FedAvg weights by n_k).
+VARIANTS = {"fedsnn_uniform": ("FedSNN, uniform average", ["algorithm.name=fedavg", "algorithm.weighting=uniform"],
+                               "fedsnn")}
+METHODS.update({name: (label, sets) for name, (label, sets, _) in VARIANTS.items()})
+
+
+def paper_row(method: str) -> str:
+    """The paper's row a method's figures are set beside (a variant: the row it stands in for)."""
+    return VARIANTS[method][2] if method in VARIANTS else method
 
 
 def load_paper() -> dict:
@@ -93,8 +105,8 @@ def summarize(split: str, method: str, run_dir: Path, paper: dict) -> dict:
         "round_s": [r.get("wall_time_s") for r in rounds],
         "train_s": [r.get("time_train_s") for r in rounds],
         "trained_per_round": [len(r.get("trained", [])) for r in rounds],
-        "paper_final": paper["final_accuracy"][method][split],
-        "paper_rounds_to_target": paper["rounds_to_target"][method][split],
+        "paper_final": paper["final_accuracy"][paper_row(method)][split],
+        "paper_rounds_to_target": paper["rounds_to_target"][paper_row(method)][split],
         "test_samples": test.get("samples"), "model": config.get("model", {}),
         "run_dir": str(run_dir),
     }
@@ -152,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="folder for the runs (reused and resumed)")
     p.add_argument("--rounds", type=int, default=paper["rounds"], help="rounds per run (the paper: 300)")
     p.add_argument("--splits", default=",".join(paper["splits"]), help=f"of {','.join(paper['splits'])}")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"of {','.join(METHODS)}")
+    p.add_argument("--methods", default=",".join(PAPER_ROWS),
+                   help=f"of {','.join(METHODS)} (default: the paper's rows, {','.join(PAPER_ROWS)})")
     p.add_argument("--test", type=int, default=None, help="test images (default: all 10,000)")
     p.add_argument("--workers", type=int, default=1, help="runs at a time")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
@@ -192,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         results.mkdir(parents=True, exist_ok=True)
         with open(results / "results.jsonl", "a", encoding="utf-8") as fh:
             for r in rows:
-                fh.write(json.dumps({**r, "recorded": time.strftime("%Y-%m-%d %H:%M:%S"),
+                fh.write(json.dumps({**r, "seed": args.seed, "recorded": time.strftime("%Y-%m-%d %H:%M:%S"),
                                      "sets": args.set or []}) + "\n")
         plot(rows, paper, results / "curves.png")
         (results / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -63,6 +63,29 @@ def test_fedavg_weights_by_sample_count():
     np.testing.assert_allclose(out, 0.25)
 
 
+def test_fedavg_server_takes_the_plain_mean_under_uniform_weighting_and_n_k_by_default():
+    from neurofed.algorithms import get_algorithm_class
+    from neurofed.algorithms.base import ServerContext
+    from neurofed.config import ConfigError, load_config
+    from conftest import tiny_overrides
+
+    spec = ParamSpec(("w",), ((4,),))
+    replies = [FitResult(0, np.zeros(4, np.float32), 30, {}), FitResult(1, np.ones(4, np.float32), 10, {})]
+    means = {}
+    for weighting in ("samples", "uniform"):
+        cfg = load_config(None, tiny_overrides(**{"algorithm.name": "fedavg", "algorithm.weighting": weighting}))
+        server = get_algorithm_class("fedavg").Server(cfg, spec, np.zeros(4), ServerContext(cfg["partition"]["num_clients"]))
+        server.aggregate(1, replies)
+        means[weighting] = server.params
+    np.testing.assert_allclose(means["samples"], 0.25)  # n_k: 10 of 40 samples hold the ones
+    np.testing.assert_allclose(means["uniform"], 0.5)  # FedLab's SyncServerHandler
+    assert load_config(None, tiny_overrides(**{"algorithm.name": "fedavg"}))["algorithm"]["weighting"] == "samples"
+    with pytest.raises(ConfigError, match=r"algorithm.weighting: got 'equal'; allowed: samples, uniform"):
+        load_config(None, tiny_overrides(**{"algorithm.name": "fedavg", "algorithm.weighting": "equal"}))
+    with pytest.raises(ConfigError, match=r"algorithm.weighting: unknown key for fednova"):  # its p_i are its own
+        load_config(None, tiny_overrides(**{"algorithm.name": "fednova", "algorithm.weighting": "uniform"}))
+
+
 def test_straggler_rule_keeps_one_and_drops_each_other_with_q(tiny_cfg):
     # FedSNN Sec. IV-D: one of the P always replies, each of the other P − 1 drops with q.
     from neurofed.fl.experiment import Experiment

@@ -29,8 +29,14 @@ def test_every_cell_is_its_splits_preset_at_the_papers_scale_with_the_methods_se
             assert (fed["optimizer"], fed["lr"], cfg["data"]["timesteps"]) == ("sgd", 0.1, 12)
             assert cfg["model"]["kind"] == ("ann" if method == "fedavg_ann" else "snn")
             assert fed["target_accuracy"] == column["target"], split  # Table 3's column target
-            assert method in paper["final_accuracy"] and split in paper["final_accuracy"][method]
-            assert split in paper["rounds_to_target"][method]
+            row = bench.paper_row(method)  # a variant is read against the row it stands in for
+            assert row in paper["final_accuracy"] and split in paper["final_accuracy"][row]
+            assert split in paper["rounds_to_target"][row]
+            assert cfg["algorithm"]["name"] == ("sfedca" if method == "sfedca" else row if row in ("divfl", "fedmos")
+                                                else "fedavg")
+    assert bench.PAPER_ROWS == ["fedsnn", "sfedca", "divfl", "fedmos", "fedavg_ann"]  # the issue's order
+    uniform = load_config(known["sfedca_mnist_dir03"], overrides=["data.root=/nonexistent", *bench.METHODS["fedsnn_uniform"][1]])
+    assert uniform["algorithm"]["weighting"] == "uniform" and bench.paper_row("fedsnn_uniform") == "fedsnn"
 
 
 def test_a_run_folder_is_read_into_rounds_to_target_and_accuracies(bench, tmp_path):

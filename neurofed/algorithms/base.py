@@ -245,7 +245,7 @@ class Client:
 class Server:
     """The server half; as written here, FedAvg's: random selection of P of N clients and
     the sample-weighted average (McMahan et al. 2017, Alg. 1) w ← Σ_k n_k w_k / Σ_k n_k
-    over the clients that replied.
+    over the clients that replied (or the plain mean: :meth:`aggregation_weights`).
 
     ``params`` (flat float32, in ``spec`` order) is the global model that is evaluated,
     checkpointed and exported.
@@ -303,8 +303,15 @@ class Server:
     def aggregate(self, rnd: int, results: list[FitResult]) -> dict:
         """Fold round ``rnd``'s replies (at least one; already screened by
         :func:`screen_update`) into ``self.params``; return metrics for the round's line."""
-        self.params = weighted_average(results)
+        self.params = weighted_average(results, self.aggregation_weights(results))
         return {}
+
+    def aggregation_weights(self, results: list[FitResult]) -> np.ndarray | None:
+        """Each reply's weight in the average: n_k (None), or 1 each under
+        ``algorithm.weighting: uniform`` (FedLab's ``SyncServerHandler``, the server the
+        SFedCA authors' baselines run on, averages so). Algorithms without the key keep n_k."""
+        uniform = self.cfg["algorithm"].get("weighting", "samples") == "uniform"
+        return np.ones(len(results)) if uniform else None
 
     def global_models(self) -> dict[str, tuple[dict, np.ndarray]] | None:
         """Every global model this server keeps, ``{label: (model config, flat params)}``,

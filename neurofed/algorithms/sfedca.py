@@ -119,8 +119,7 @@ class SFedCAServer(Server):
     def aggregate(self, rnd: int, results: list) -> dict:
         p = self.cfg["federation"]["clients_per_round"]
         chosen = top_p(results, p)
-        weights = None if self.cfg["algorithm"]["weighting"] == "samples" else np.ones(len(chosen))
-        self.params = weighted_average(chosen, weights)
+        self.params = weighted_average(chosen, self.aggregation_weights(chosen))
         return {"aggregated": sorted(r.cid for r in chosen),
                 "delta_r": [float(r.metrics["delta_r"]) for r in results]}
 
