@@ -69,6 +69,24 @@ def run_rounds(run_dir) -> list[dict]:
     return read_metrics(run_dir, None)[0]
 
 
+# The ``neurofed run`` children of run_to now running. A SIGTERM to the benchmark alone (``pkill -f``
+# on its command line) once left its child training, and a resume then ran a second one on the folder.
+_RUNNING: set = set()
+
+
+def stop_runs_with_the_benchmark() -> None:
+    """From the main thread: a SIGTERM to the benchmark stops its ``neurofed run`` children too
+    (each run folder keeps its last checkpoint and resumes), then exits with 143."""
+    import signal
+
+    def stop(signum, frame):
+        for proc in list(_RUNNING):
+            proc.terminate()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def run_to(config: str, run_dir, rounds: int, sets: list[str], log_path) -> int:
     """``neurofed run config`` in ``run_dir`` up to ``rounds`` rounds: nothing when it holds
     them already, resumed when it holds fewer (only federation.rounds may grow), started
@@ -86,5 +104,10 @@ def run_to(config: str, run_dir, rounds: int, sets: list[str], log_path) -> int:
     for s in [*sets, f"federation.rounds={rounds}"]:
         cmd += ["--set", s]
     print(" ".join(cmd[1:]), flush=True)
-    with open(log_path, "a", encoding="utf-8") as log:
-        return subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    with open(log_path, "a", encoding="utf-8") as log, \
+            subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT) as proc:
+        _RUNNING.add(proc)
+        try:
+            return proc.wait()
+        finally:
+            _RUNNING.discard(proc)

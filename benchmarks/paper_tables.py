@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine_header, run_rounds, run_to  # noqa: E402
+from common import machine_header, run_rounds, run_to, stop_runs_with_the_benchmark  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "benchmarks" / "data" / "sfedca_tables_mnist.yaml"
@@ -214,4 +214,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_runs_with_the_benchmark()
     sys.exit(main())

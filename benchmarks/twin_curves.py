@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, machine_header, run_rounds, run_to  # noqa: E402
+from common import ROOT, machine_header, run_rounds, run_to, stop_runs_with_the_benchmark  # noqa: E402
 
 RESULTS = Path(ROOT) / "benchmarks" / "results" / "twin_curves"
 CENTRAL = ["partition.scheme=iid", "partition.num_clients=1", "federation.clients_per_round=1",
@@ -158,4 +158,5 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 if __name__ == "__main__":
+    stop_runs_with_the_benchmark()
     sys.exit(main())

@@ -59,3 +59,38 @@ def test_an_unknown_method_is_refused_naming_the_allowed_ones(bench, tmp_path, c
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "fedcat" in err and "sfedca" in err and "fedavg_ann" in err
+
+
+def test_a_sigterm_to_the_benchmark_stops_its_run_which_then_resumes(tmp_path):
+    # pkill -f on paper_tables.py once left its `neurofed run` child training; a resume then
+    # ran a second one on the same folder. The run-folder lock tells whether the child is gone.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from conftest import tiny_overrides
+
+    root = Path(__file__).resolve().parents[1]
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    sets = tiny_overrides(**{"energy.enabled": False})
+    driver = ("import sys; sys.path.insert(0, sys.argv[1]); import common; common.stop_runs_with_the_benchmark(); "
+              "sys.exit(common.run_to('digits_fedavg', sys.argv[2], 10_000, sys.argv[4:], sys.argv[3]))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    bench = subprocess.Popen([sys.executable, "-c", driver, str(root / "benchmarks"), str(out), str(log), *sets],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().strip()):
+        assert bench.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:] if log.exists() else "no log"
+        time.sleep(0.2)
+    bench.send_signal(signal.SIGTERM)
+    assert bench.wait(timeout=120) == 128 + signal.SIGTERM
+    text = metrics.read_text()
+    done = len(text.splitlines()[: None if text.endswith("\n") else -1])
+    more = [a for kv in sets for a in ("--set", kv)] + ["--set", f"federation.rounds={done + 1}"]
+    resumed = subprocess.run([sys.executable, "-m", "neurofed.cli", "run", "digits_fedavg", *more, "--out", str(out),
+                              "--resume", "--quiet"], capture_output=True, text=True, timeout=600, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]  # 2 with "another neurofed run" while the child lives
