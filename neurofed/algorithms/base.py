@@ -306,12 +306,13 @@ class Server:
         self.params = weighted_average(results, self.aggregation_weights(results))
         return {}
 
-    def aggregation_weights(self, results: list[FitResult]) -> np.ndarray | None:
-        """Each reply's weight in the average: n_k (None), or 1 each under
-        ``algorithm.weighting: uniform`` (FedLab's ``SyncServerHandler``, the server the
-        SFedCA authors' baselines run on, averages so). Algorithms without the key keep n_k."""
-        uniform = self.cfg["algorithm"].get("weighting", "samples") == "uniform"
-        return np.ones(len(results)) if uniform else None
+    def aggregation_weights(self, results: list[FitResult]) -> np.ndarray:
+        """Each reply's weight in the average: its n_k, or 1 each under ``algorithm.weighting:
+        uniform`` (FedLab's ``SyncServerHandler``, the server the SFedCA authors' baselines run
+        on, averages so). Algorithms that declare no ``weighting`` key keep n_k."""
+        if self.cfg["algorithm"].get("weighting") == "uniform":
+            return np.ones(len(results))
+        return np.array([r.num_examples for r in results], dtype=np.float64)
 
     def global_models(self) -> dict[str, tuple[dict, np.ndarray]] | None:
         """Every global model this server keeps, ``{label: (model config, flat params)}``,

@@ -69,5 +69,5 @@ class FedNova(FedAvg):
 
     name = "fednova"
     Server = FedNovaServer
-    config_defaults = {}  # p_i = n_i / Σ n_j is part of its normalized update: no weighting choice
     Client = FedNovaClient
+    config_defaults = {}  # p_i = n_i / Σ n_j is part of its normalized update: no weighting choice

@@ -215,16 +215,14 @@ class SFedHIFIServer(HeteroServer):
     def aggregate(self, rnd: int, results: list[FitResult]) -> dict:
         a = self.cfg["algorithm"]
         groups = self.by_width(results)
-        weights = (lambda rs: [r.num_examples for r in rs]) if a["weighting"] == "samples" else \
-            (lambda rs: [1.0] * len(rs))
         bank = {}
         if a["share_banks"] and self.banks:
-            w = np.asarray(weights(results), dtype=np.float64)
+            w = self.aggregation_weights(results)
             stacked = {n: np.stack([self.specs[float(r.metrics["width"])].unpack(r.params)[n] for r in results])
                        for n in self.banks}
             bank = {n: np.tensordot(w / w.sum(), s, axes=1) for n, s in stacked.items()}
         for p, group in groups.items():
-            flat = weighted_average(group, weights(group)) if group else self.servers[p].params
+            flat = weighted_average(group, self.aggregation_weights(group)) if group else self.servers[p].params
             self.servers[p].params = self.with_arrays(p, flat, bank)
         metrics: dict[str, Any] = {"clients_per_width": {f"{p:g}": len(g) for p, g in groups.items()},
                                    "hifi_layer": None}
