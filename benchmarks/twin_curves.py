@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                          "kind": kind, "sets": [*args.set, *sets],
                          "accuracy": [r["accuracy"] for r in rounds], "train_loss": [r.get("train_loss") for r in rounds],
                          "epoch_s": [r.get("time_train_s") for r in rounds], "run_dir": str(run_dir),
-                         "wall_s": round(time.time() - started, 1)})
+                         "cpu": run_cpu(run_dir), "wall_s": round(time.time() - started, 1)})
     print("\n".join(table(rows, args.threads)))
     if args.save:
         results = RESULTS if args.root else RESULTS / "standins"
@@ -104,6 +104,15 @@ def data_override(preset: str, root: str | None) -> str:
     return f"data.name={standin}"
 
 
+def run_cpu(run_dir: Path) -> str:
+    """The CPU a run trained on, from its summary (a folder read, not run, keeps its own)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "?"
+    return summary.get("environment", {}).get("cpu", "?")
+
+
 def recorded(results: Path) -> list[dict]:
     """The latest recorded pair of every (preset, arm), in the order first recorded."""
     latest: dict[tuple, dict] = {}
@@ -116,12 +125,13 @@ def recorded(results: Path) -> list[dict]:
 
 def table(rows: list[dict], threads: int) -> list[str]:
     """One line per run: accuracy after each epoch, and for each SNN the ANN twin's lead at the
-    last epoch both ran."""
+    last epoch both ran. Rows keep the date and CPU of their own run: the header names only the
+    machine that wrote the table."""
     epochs = max(len(r["accuracy"]) for r in rows)
     lines = [machine_header("twin_curves", f"({threads} thread(s) a run)"), "",
              "| preset | arm | net | " + " | ".join(f"epoch {e + 1} %" for e in range(epochs))
-             + " | ANN − SNN (points) | s / epoch |",
-             "|---|---|---|" + "---|" * (epochs + 2)]
+             + " | ANN − SNN (points) | s / epoch | recorded | CPU |",
+             "|---|---|---|" + "---|" * (epochs + 4)]
     by_key = {(r["preset"], r["arm"], r["kind"]): r for r in rows}
     for r in rows:
         acc = [f"{100 * a:.2f}" for a in r["accuracy"]] + ["—"] * (epochs - len(r["accuracy"]))
@@ -132,7 +142,8 @@ def table(rows: list[dict], threads: int) -> list[str]:
             gap = f"{100 * (twin['accuracy'][last - 1] - r['accuracy'][last - 1]):+.2f} (epoch {last})"
         sec = [s for s in r["epoch_s"] if s]
         lines.append(f"| {r['preset']} | {r['arm']} | {r['kind'].upper()} | " + " | ".join(acc)
-                     + f" | {gap} | {sum(sec) / len(sec) if sec else 0:.0f} |")
+                     + f" | {gap} | {sum(sec) / len(sec) if sec else 0:.0f} | {r.get('recorded', '')[:10]}"
+                     + f" | {r.get('cpu', '?')} |")
     return lines
 
 

@@ -32,6 +32,16 @@ def test_the_table_reads_the_latest_pair_and_the_twins_lead(bench, tmp_path):
     assert [(r["kind"], r["accuracy"]) for r in latest] == [("snn", [0.5, 0.7]), ("ann", [0.6, 0.75, 0.8])]
     snn_line = next(line for line in bench.table(latest, 1) if "| SNN |" in line)
     assert "+5.00 (epoch 2)" in snn_line and "| 50.00 | 70.00 | — |" in snn_line
+    assert snn_line.endswith("| ? |")  # a record without its CPU does not take the writer's
+
+
+def test_a_row_names_the_cpu_its_run_trained_on(bench, tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"environment": {"cpu": "Some ARM board"}}))
+    assert bench.run_cpu(tmp_path) == "Some ARM board"
+    assert bench.run_cpu(tmp_path / "absent") == "?"
+    row = {"preset": "p", "arm": "preset", "kind": "snn", "accuracy": [0.5], "epoch_s": [1.0],
+           "recorded": "2026-11-29 13:55:04", "cpu": "Some ARM board"}
+    assert bench.table([row], 1)[-1].endswith("| 2026-11-29 | Some ARM board |")
 
 
 def test_fit_check_counts_ties_and_the_wrong_answers_among_them(monkeypatch):
