@@ -47,9 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--arm", action="append", default=[], help="NAME=KEY=VALUE[,KEY=VALUE...]: a further pair")
     p.add_argument("--set", action="append", default=[], help="KEY=VALUE for every run (e.g. model.width=0.25)")
+    p.add_argument("--arms-only", action="store_true",
+                   help="run the --arm pairs alone, not the preset's own pair (table.md keeps its last one)")
     p.add_argument("--save", action="store_true")
     args = p.parse_args(argv)
-    arms = {"preset": []}
+    if args.arms_only and not args.arm:
+        p.error("--arms-only needs at least one --arm NAME=KEY=VALUE")
+    arms = {} if args.arms_only else {"preset": []}
     for arm in args.arm:
         name, _, sets = arm.partition("=")
         if not name or not sets:

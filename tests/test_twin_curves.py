@@ -58,3 +58,10 @@ def test_fit_check_counts_ties_and_the_wrong_answers_among_them(monkeypatch):
                            [1.0, 4.0, 0.0]])  # clear, wrong
     s = fit_check.scores(logits, torch.tensor([1, 1, 0, 2]))
     assert (s["accuracy"], s["tied"], s["wrong_in_tie"]) == (50.0, 50.0, 25.0)
+
+
+def test_arms_only_needs_an_arm(bench, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--preset", "sfedca_fashion_mnist_dir03", "--out", str(tmp_path), "--arms-only"])
+    assert "--arms-only needs at least one --arm" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before any run started
