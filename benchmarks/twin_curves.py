@@ -49,8 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], help="KEY=VALUE for every run (e.g. model.width=0.25)")
     p.add_argument("--arms-only", action="store_true",
                    help="run the --arm pairs alone, not the preset's own pair (table.md keeps its last one)")
+    p.add_argument("--kinds", default="snn,ann",
+                   help="which nets of each pair to run: snn,ann (default), snn or ann (e.g. a setting only the twin reads)")
     p.add_argument("--save", action="store_true")
     args = p.parse_args(argv)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not kinds or any(k not in KINDS for k in kinds):
+        p.error(f"--kinds: got {args.kinds!r}; allowed: a comma-separated subset of {', '.join(KINDS)}")
     if args.arms_only and not args.arm:
         p.error("--arms-only needs at least one --arm NAME=KEY=VALUE")
     arms = {} if args.arms_only else {"preset": []}
@@ -65,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for arm, sets in arms.items():
-        for kind, kind_sets in KINDS.items():
+        for kind in kinds:
+            kind_sets = KINDS[kind]
             run_dir = Path(args.out) / f"{args.preset}-{arm}-{kind}"
             started = time.time()
             status = run_to(args.preset, run_dir, args.epochs, [*base, *sets, *kind_sets], f"{run_dir}.log")
@@ -129,7 +135,7 @@ def recorded(results: Path) -> list[dict]:
 
 def table(rows: list[dict], threads: int) -> list[str]:
     """One line per run: accuracy after each epoch, and for each SNN the ANN twin's lead at the
-    last epoch both ran. Rows keep the date and CPU of their own run: the header names only the
+    last epoch both ran (a twin run alone, ``--kinds ann``, is set against the preset arm's SNN). Rows keep the date and CPU of their own run: the header names only the
     machine that wrote the table."""
     epochs = max(len(r["accuracy"]) for r in rows)
     lines = [machine_header("twin_curves", f"({threads} thread(s) a run)"), "",
@@ -139,11 +145,16 @@ def table(rows: list[dict], threads: int) -> list[str]:
     by_key = {(r["preset"], r["arm"], r["kind"]): r for r in rows}
     for r in rows:
         acc = [f"{100 * a:.2f}" for a in r["accuracy"]] + ["—"] * (epochs - len(r["accuracy"]))
-        twin = by_key.get((r["preset"], r["arm"], "ann"))
         gap = ""
-        if r["kind"] == "snn" and twin and r["accuracy"] and twin["accuracy"]:
-            last = min(len(r["accuracy"]), len(twin["accuracy"]))
-            gap = f"{100 * (twin['accuracy'][last - 1] - r['accuracy'][last - 1]):+.2f} (epoch {last})"
+        if r["kind"] == "snn":
+            snn, twin, against = r, by_key.get((r["preset"], r["arm"], "ann")), ""
+        elif (r["preset"], r["arm"], "snn") not in by_key:  # a twin-only arm: against the preset's SNN
+            snn, twin, against = by_key.get((r["preset"], "preset", "snn")), r, ", vs the preset's SNN"
+        else:
+            snn = twin = None
+        if snn and twin and snn["accuracy"] and twin["accuracy"]:
+            last = min(len(snn["accuracy"]), len(twin["accuracy"]))
+            gap = f"{100 * (twin['accuracy'][last - 1] - snn['accuracy'][last - 1]):+.2f} (epoch {last}{against})"
         sec = [s for s in r["epoch_s"] if s]
         lines.append(f"| {r['preset']} | {r['arm']} | {r['kind'].upper()} | " + " | ".join(acc)
                      + f" | {gap} | {sum(sec) / len(sec) if sec else 0:.0f} | {r.get('recorded', '')[:10]}"

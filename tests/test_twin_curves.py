@@ -65,3 +65,21 @@ def test_arms_only_needs_an_arm(bench, tmp_path, capsys):
         bench.main(["--preset", "sfedca_fashion_mnist_dir03", "--out", str(tmp_path), "--arms-only"])
     assert "--arms-only needs at least one --arm" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # refused before any run started
+
+
+def test_a_twin_run_alone_is_set_against_the_presets_snn(bench):
+    def row(arm, kind, accuracy):
+        return {"preset": "p", "arm": arm, "kind": kind, "accuracy": accuracy, "epoch_s": [1.0]}
+
+    rows = [row("preset", "snn", [0.5, 0.7]), row("preset", "ann", [0.2, 0.3]), row("lsuv", "ann", [0.6, 0.9])]
+    lines = bench.table(rows, 1)
+    lsuv = next(line for line in lines if "| lsuv | ANN |" in line)
+    assert "+20.00 (epoch 2, vs the preset's SNN)" in lsuv
+    assert "-40.00 (epoch 2)" in next(line for line in lines if "| preset | SNN |" in line)
+
+
+def test_kinds_are_checked_before_any_run(bench, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--preset", "sfedca_fashion_mnist_dir03", "--out", str(tmp_path / "o"), "--kinds", "cnn"])
+    assert "--kinds: got 'cnn'; allowed: a comma-separated subset of snn, ann" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -14,6 +14,7 @@ from neurofed.models.opcounts import count_layers, count_macs
 from neurofed.energy.spikes import measure_torch
 from neurofed.models import Layer, build_model, register_topology, topology
 from neurofed.models.residual import EXPORT_REFUSAL, ResidualJoin
+from neurofed.models.norm import ChannelBatchNorm
 from neurofed.models.spec import ZOO
 
 RATE = {"encoding": "rate", "timesteps": 4, "max_rate": 1.0}
@@ -406,6 +407,53 @@ def test_the_firing_init_scales_only_the_layers_no_norm_scales_and_keeps_the_run
             assert torch.allclose(p, weights[name] * out["gain"])
         else:  # normed layers' weights and every running statistic as built
             assert torch.equal(p, weights[name]), name
+
+
+@pytest.mark.parametrize("norm", ["none", "batch"])
+def test_lsuv_gives_each_twin_layer_no_norm_follows_unit_std_and_leaves_the_normed_ones(norm):
+    """model.ann_init: lsuv, the ANN form of the firing init: in order from the input, every
+    convolution and linear layer not followed by a norm is rescaled (weight and bias by one
+    factor) until its output has std 1 on the batch; a normed layer is left as built."""
+    from torch import nn
+
+    from neurofed.models.init import calibrate_unit_std
+    from neurofed.models.norm import as_training_starts
+
+    torch.manual_seed(0)
+    model = build_model({"name": "vgg5", "width": 0.25, "kind": "ann", "norm": norm}, (1, 28, 28), 10)
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    x = torch.rand(32, 1, 28, 28)
+    record = calibrate_unit_std(model, x)
+    outputs = {}
+    hooks = [m.register_forward_hook(lambda m, _i, out, name=name: outputs.__setitem__(name, out))
+             for name, m in model.net.named_children() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    with torch.no_grad(), as_training_starts(model):  # normed layers on the batch's statistics, as calibrated
+        model(x)
+    for h in hooks:
+        h.remove()
+    normed = {name for name, m in model.net.named_children() if isinstance(m, (nn.Conv2d, nn.Linear))
+              and int(name) + 1 < len(model.net) and isinstance(model.net[int(name) + 1], ChannelBatchNorm)}
+    assert len(outputs) == 5 and len(record) == 5 - len(normed)
+    assert len(normed) == (4 if norm == "batch" else 0)
+    for name, out in outputs.items():
+        if name in normed:
+            assert torch.equal(model.net[int(name)].weight, weights[f"net.{name}.weight"])
+        else:
+            assert abs(float(out.std()) - 1.0) < 1e-4, name
+    assert any(r["std_before"] < 0.5 for r in record)  # PyTorch's init shrinks the signal: there was work to do
+
+
+def test_the_twin_is_calibrated_only_when_asked_and_the_snn_ignores_ann_init():
+    from neurofed.config import load_config
+    from neurofed.models.init import calibrates, initialize
+
+    ann = load_config("examples/digits_fedavg.yaml", ["model.kind=ann", "model.ann_init=lsuv"])
+    assert calibrates(ann) and not calibrates(load_config("examples/digits_fedavg.yaml", ["model.kind=ann"]))
+    assert not calibrates(load_config("examples/digits_fedavg.yaml", ["model.ann_init=lsuv"]))  # an SNN
+    torch.manual_seed(0)
+    model = build_model(ann["model"], (1, 8, 8), 10)
+    record = initialize(model, ann, torch.randint(0, 17, (100, 1, 8, 8)).float())
+    assert record and all(r["gain"] > 0 for r in record)
 
 
 def test_model_choices_refused_in_one_line():

@@ -155,7 +155,8 @@ def _train(cfg: dict, out: Path, resume: bool, progress: bool, after: AfterTrain
     summary["environment"] = environment()
     summary["health"] = health.summary()
     if exp.init_report is not None:
-        summary["init"] = {"mode": "firing", "rates": cfg["model"]["init_rates"], "layers": exp.init_report}
+        summary["init"] = ({"mode": "lsuv", "layers": exp.init_report} if cfg["model"]["kind"] == "ann" else
+                           {"mode": "firing", "rates": cfg["model"]["init_rates"], "layers": exp.init_report})
     run_dir.write_summary(summary)
     write_plots(out, cfg, history, exp.counts)
     if history and not any(h["trained"] for h in history):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from neurofed.config import Section, boolean, choice, number, register_section
-from neurofed.models.init import INIT_MODES
+from neurofed.models.init import ANN_INIT_MODES, INIT_MODES
 from neurofed.models.reset_gradient import NEURON_GRADIENTS
 from neurofed.models.quantize import quantize_value
 from neurofed.models.spec import ZOO, Layer, register_topology, topology
@@ -85,6 +85,10 @@ MODEL_DEFAULTS: dict = {
     # slayer: SLAYER's weights; firing: each layer rescaled on a training batch to fire within
     # init_rates (neurofed.models.init, LSUV on firing rates)
     "init": "slayer",
+    # the ANN twin's (model.kind: ann): torch (PyTorch's default, what the ANN rows were
+    # measured with) | lsuv (each layer rescaled on a training batch to unit output std, the
+    # ANN form of init: firing): neurofed.models.init
+    "ann_init": "torch",
     # slayer: SLAYER's backward (tau_grad, scale_grad; reset not differentiated); spikingjelly:
     # SpikingJelly's node, arctan surrogate of atan_alpha and the reset differentiated (SFedCA
     # Eq. 10; forward unchanged): neurofed.models.reset_gradient
@@ -118,6 +122,7 @@ register_section(Section("model", MODEL_DEFAULTS, lambda: {
     "model.norm": choice(NORMS),
     "model.norm_statistics": choice(NORM_STATISTICS),
     "model.init": choice(INIT_MODES),
+    "model.ann_init": choice(ANN_INIT_MODES),
     "model.neuron_gradient": choice(NEURON_GRADIENTS),
     "model.atan_alpha": number(0, lo_open=True),
     "model.init_rates": rate_band,

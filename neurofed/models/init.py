@@ -45,6 +45,7 @@ import torch
 from neurofed.models.norm import ChannelBatchNorm, as_training_starts
 
 INIT_MODES = ("slayer", "firing")
+ANN_INIT_MODES = ("torch", "lsuv")
 READOUT_STD = 1.0  # a voltage readout's logit std on the calibration batch (LSUV's unit variance)
 GAIN_RANGE = (2.0 ** -6, 2.0 ** 10)  # the bisection's bounds on one layer's factor
 STEPS = 14  # bisection steps at most; it stops as soon as the rate is in the band
@@ -156,10 +157,62 @@ def calibration_batch(model, cfg: dict, x_train: torch.Tensor) -> torch.Tensor:
     return encode_for(model, x_train[idx], cfg["data"], gen)
 
 
+def calibrates(cfg: dict) -> bool:
+    """Whether ``cfg``'s model is calibrated on data when built: an SNN under ``init: firing``,
+    an ANN twin under ``ann_init: lsuv``."""
+    m = cfg["model"]
+    if m.get("kind", "snn") == "ann":
+        return m.get("ann_init", "torch") == "lsuv"
+    return m.get("init", "slayer") == "firing"
+
+
 def initialize(model, cfg: dict, x_train: torch.Tensor) -> list[dict] | None:
-    """Apply ``model.init`` to a freshly built model; the calibration record, or None
-    (SLAYER's initialization, or an ANN twin)."""
-    if cfg["model"].get("init", "slayer") != "firing" or getattr(model, "kind", "snn") != "snn":
+    """Apply ``model.init`` (an SNN) or ``model.ann_init`` (its ANN twin) to a freshly built
+    model; the calibration record, or None (SLAYER's or PyTorch's initialization)."""
+    if not calibrates(cfg):
         return None
+    if getattr(model, "kind", "snn") == "ann":
+        return calibrate_unit_std(model, calibration_batch(model, cfg, x_train))
     lo, hi = cfg["model"].get("init_rates", (0.02, 0.2))
     return calibrate_firing(model, calibration_batch(model, cfg, x_train), (float(lo), float(hi)))
+
+
+@torch.no_grad()
+def calibrate_unit_std(model, x: torch.Tensor) -> list[dict]:
+    """LSUV's scaling step on the ANN twin (Mishkin & Matas 2016, the method
+    :func:`calibrate_firing` carries over to firing rates): each convolution and linear layer,
+    in order from the input, has its weight and bias multiplied by one factor so that its output
+    has unit standard deviation on ``x`` (the last layer's output is the logits, as
+    ``READOUT_STD`` sets a voltage readout's). PyTorch's default initialization (uniform,
+    gain 1/√3 of He's) shrinks the signal through every ReLU layer, so a deep twin under plain
+    SGD spends its first epochs at chance where the calibrated SNN beside it learns. A layer
+    followed by a norm is left as built (the norm undoes any factor), and so is a residual
+    join (the presets that have them norm every join). Returns one record per scaled layer."""
+    from torch import nn
+
+    from neurofed.models.residual import AnnResidualJoin
+
+    targets = []
+    for i, parts in enumerate(model.parts):
+        if any(isinstance(m, AnnResidualJoin) for m in parts):
+            continue
+        for j, m in enumerate(parts):
+            normed = any(isinstance(n, ChannelBatchNorm) for n in parts[j + 1:])
+            if isinstance(m, (nn.Conv2d, nn.Linear)) and not normed:
+                targets.append((i, m))
+    record = []
+    with as_training_starts(model):
+        for i, module in targets:
+            seen = []
+            hook = module.register_forward_hook(lambda _m, _inp, out: seen.append(out))
+            try:
+                model(x)
+            finally:
+                hook.remove()
+            before = float(seen[0].std())
+            gain = READOUT_STD / before if before > 0 else 1.0
+            module.weight.mul_(gain)
+            if module.bias is not None:
+                module.bias.mul_(gain)
+            record.append({"layer": i, "kind": model.layers[i].kind, "gain": gain, "std_before": before})
+    return record

@@ -52,9 +52,10 @@ class HeteroServer(Server):
                 raise ValueError(f"filter bank {bad[0]} has a different shape at width {p}; banks must be "
                                  f"width-independent")
             init[p] = self.with_arrays(p, init[p], {n: spec.unpack(init[self.ref])[n] for n in self.banks})
-        if cfg["model"].get("init") == "firing":  # every width fires from the first step (neurofed.models.init)
+        from neurofed.models.init import calibrates, initialize
+
+        if calibrates(cfg):  # every width starts calibrated as the reference does (neurofed.models.init)
             from neurofed.data.encoding import as_tensor
-            from neurofed.models.init import initialize
 
             for p in self.widths:
                 if p != self.ref:  # the runner calibrated the reference width's model
