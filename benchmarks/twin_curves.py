@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms-only", action="store_true",
                    help="run the --arm pairs alone, not the preset's own pair (table.md keeps its last one)")
     p.add_argument("--kinds", default="snn,ann",
-                   help="which nets of each pair to run: snn,ann (default), snn or ann (e.g. a setting only the twin reads)")
+                   help="which nets of each pair to run: snn,ann (default), snn or ann "
+                        "(e.g. a setting only the twin reads)")
     p.add_argument("--save", action="store_true")
     args = p.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
@@ -135,8 +136,9 @@ def recorded(results: Path) -> list[dict]:
 
 def table(rows: list[dict], threads: int) -> list[str]:
     """One line per run: accuracy after each epoch, and for each SNN the ANN twin's lead at the
-    last epoch both ran (a twin run alone, ``--kinds ann``, is set against the preset arm's SNN). Rows keep the date and CPU of their own run: the header names only the
-    machine that wrote the table."""
+    last epoch both ran (a twin run alone, ``--kinds ann``, is set against the preset arm's
+    SNN). Rows keep the date and CPU of their own run: the header names only the machine that
+    wrote the table."""
     epochs = max(len(r["accuracy"]) for r in rows)
     lines = [machine_header("twin_curves", f"({threads} thread(s) a run)"), "",
              "| preset | arm | net | " + " | ".join(f"epoch {e + 1} %" for e in range(epochs))
