@@ -58,8 +58,7 @@ ROWS = {
         "partition.num_clients=2", "federation.clients_per_round=2", "federation.local_epochs=2",
         "federation.rounds=5"], "width 1.0 -> 0.125, clients 100 -> 2, rounds 100 -> 5, "
         "local epochs 5 -> 2, 400 train / 200 test; float weights, as the preset trains (its own run is its float "
-        "twin). The firing init at width 0.125 puts layer 4's (conv 16x16x16) weights at ±5.3, past the 8-bit "
-        "grid's ±4: that layer exports at exponent -1"),
+        "twin)"),
     "sfedhifi_fashion_mnist_iid": ("stand-in Fashion-MNIST", [
         "data.name=standin_fashion_mnist", "data.train_subset=600", "data.test_subset=200",
         "partition.num_clients=4", "federation.clients_per_round=4", "algorithm.widths=[0.5, 1.0]",
@@ -71,6 +70,16 @@ ROWS = {
         "federation.clients_per_round=4", "federation.local_epochs=2", "federation.rounds=12"],
         "widths x0.125 (exported: 0.125), clients 10 -> 4, rounds 500 -> 12, all 1,347 train / 200 test; "
         "float weights, as the preset trains (its own run is its float twin)"),
+    "sfedca_cifar10_dir03": ("stand-in CIFAR-10", [
+        "data.name=standin_cifar10", "data.test_subset=200", "model.width=0.25", "partition.num_clients=3",
+        "federation.clients_per_round=2", "algorithm.candidates=3", "federation.local_epochs=2",
+        "federation.rounds=5"], "width 1.0 -> 0.25, clients 100 -> 3, candidates 10 -> 3, rounds 300 -> 5, "
+        "local epochs 10 -> 2, all 1,347 train / 200 test; float weights, as the preset trains"),
+    "sfedca_fashion_mnist_dir03": ("stand-in Fashion-MNIST", [
+        "data.name=standin_fashion_mnist", "data.train_subset=600", "data.test_subset=200",
+        "partition.num_clients=3", "federation.clients_per_round=2", "algorithm.candidates=3",
+        "federation.local_epochs=2", "federation.rounds=5"], "clients 100 -> 3, candidates 10 -> 3, "
+        "rounds 300 -> 5, local epochs 5 -> 2, 600 train / 200 test; full width; float weights, as the preset trains"),
 }
 # a net the pipeline refuses to export is sized as it would be mapped: spiking pool and readout, no norm
 MAPPED = {"global_pool": "spikes", "readout": "spikes", "norm": "none"}
@@ -451,7 +460,9 @@ def save(rows_new: list[dict], header: str, out: Path = RESULTS) -> None:
                 r = json.loads(l)
                 rows[r["preset"]] = r
     for r in rows_new:
-        seeds = {**rows.get(r["preset"], {}).get("seeds", {}), **r.get("seeds", {})}
+        # a row trained afresh drops the earlier row's extra seeds: they trained another config or neurofed
+        kept = rows.get(r["preset"], {}).get("seeds", {}) if r.get("reused", True) else {}
+        seeds = {**kept, **r.get("seeds", {})}
         rows[r["preset"]] = {**r, "machine": header or rows.get(r["preset"], {}).get("machine", ""),
                              **({"seeds": seeds} if seeds else {})}
     ordered = [rows[p] for p in ROWS if p in rows]

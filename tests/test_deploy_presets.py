@@ -36,3 +36,18 @@ def test_an_unknown_row_is_refused_in_one_line(bench, capsys):
     assert bench.main(["--only", "no_such_preset"]) == 2
     err = capsys.readouterr().err.strip()
     assert "no_such_preset" in err and "sfedca_mnist_dir03" in err and "\n" not in err
+
+
+def test_a_row_trained_afresh_drops_the_earlier_rows_seeds_and_a_reused_one_keeps_them(bench, tmp_path, monkeypatch):
+    """Extra seeds belong to the run they repeat: a row retrained (another preset or neurofed)
+    must not carry the seeds of the row it replaces; a reused run (only exported again) keeps them."""
+    import json
+
+    monkeypatch.setattr(bench, "table", lambda rows, header: "")  # the README's layout is not this test's
+    preset = next(iter(bench.ROWS))
+    seeds = {"1": {"status": "ok", "twin_float": 0.5, "qat8": 0.5, "twin8": 0.5}}
+    bench.save([{"preset": preset, "status": "ok", "reused": False, "seeds": seeds}], "h", out=tmp_path)
+    bench.save([{"preset": preset, "status": "ok", "reused": True}], "h", out=tmp_path)
+    assert json.loads((tmp_path / "results.jsonl").read_text())["seeds"] == seeds
+    bench.save([{"preset": preset, "status": "ok", "reused": False}], "h", out=tmp_path)
+    assert "seeds" not in json.loads((tmp_path / "results.jsonl").read_text())

@@ -167,6 +167,37 @@ def test_batch_norm_folds_into_netx_weights_and_neuron_biases(tmp_path):
     assert len(biased) == sum(type(b).__name__.startswith("BatchNormed") for b in model.blocks) > 0
 
 
+def test_a_first_layer_past_the_grid_keeps_its_odd_norm_biases_under_graded_input(tmp_path):
+    """A normed first layer whose weights pass the 8-bit grid (exponent -1: a coarser grid and
+    state) under direct input (its state 2^6 finer on top): its bias is written with one shift
+    of -1 + 6, so an odd bias stays exact and Lava runs spike for spike. Shifting by -1 first
+    floored each odd bias (a VGG-5 on Fashion-MNIST lost 0.7 % of its first layer's spikes)."""
+    import h5py
+
+    from neurofed.deploy.deployable import integer_bias
+    from neurofed.models.quantize import weight_exponent
+
+    model = tiny(norm="batch", current_decay=1.0, voltage_decay=0.0, delay_shift=False, quantize=False)
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.rand(16, 1, 8, 8, 8) * 2)
+        first = model.blocks[0]
+        scale, _ = first.norm.affine()
+        folded = first.synapse.weight * scale.view(-1, *([1] * (first.synapse.weight.dim() - 1)))
+        first.synapse.weight.mul_(6.0 / float(folded.abs().max()))  # folded weights past the grid's ±4
+        odd = (torch.arange(scale.numel()) * 2 + 1 - scale.numel()).float()  # shifts of odd 1/64 units
+        first.norm.bias.copy_(odd / 64 + scale * first.norm.running_mean)
+    model.eval()
+    copy = deployable_copy(model)
+    k, bias = weight_exponent(copy.blocks[0].synapse), integer_bias(copy.blocks[0].synapse)
+    assert k < 0 and bool((bias % 2 == 1).any()), (k, bias)
+    round_trip(model, DIRECT, tmp_path / "m.net")
+    with h5py.File(tmp_path / "m.net") as h:
+        written = np.asarray(h["layer/1/bias"][()])
+    np.testing.assert_array_equal(written, bias.numpy() << (INPUT_BITS + k))
+
+
 @pytest.mark.parametrize("encoding", [RATE, DIRECT], ids=["rate", "direct"])
 def test_float_layers_of_unlike_scales_export_on_their_own_exponents_spike_for_spike(encoding, tmp_path):
     """Per-layer exponents (neurofed.models.quantize): a layer of small weights (SLAYER's init)

@@ -105,6 +105,20 @@ def test_every_preset_model_builds_at_full_size(model, dataset):
     assert sum(p.numel() for p in net.parameters()) > 10_000
 
 
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_every_presets_network_passes_the_export_check(path):
+    """The network each preset trains (its norm, pools, readout, delays), built as the preset
+    says, is one ``neurofed run`` exports: the pipeline's structure check (folds, netx, the
+    Lava graph) refuses none. Width only cut where the model has one (shapes, not structure)."""
+    from neurofed.pipeline import export_refusal
+
+    cfg = load_config(path, overrides=["data.root=/nonexistent"])
+    dataset = cfg["data"]["name"]
+    model_cfg = {**cfg["model"], "width": min(cfg["model"]["width"], 0.125)}
+    net = build_model(model_cfg, SHAPES[dataset], CLASSES[dataset], cfg["federation"]["logit_scale"])
+    assert export_refusal(net) is None, path.stem
+
+
 # One preset per paper and dataset runs a real round: the paper's model, algorithm, optimizer
 # and partition scheme, cut to tiny sizes.
 # Three run by default (a few seconds each); the rest are slow (ResNet-18 / VGG9 at 32x32).

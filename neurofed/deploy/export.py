@@ -26,7 +26,6 @@ from neurofed.deploy import DeployError
 from neurofed.deploy.constraints import DEFAULT_PROFILE, ConstraintReport, check_model
 from neurofed.deploy.lava_plan import fitting_input_bits, graded_state_warning, plan_for
 from neurofed.deploy.deployable import fresh_copy  # noqa: F401  (imported from here by callers)
-from neurofed.deploy.lava_readout import scale_first_threshold
 from neurofed.deploy.netx_entries import write_layer
 
 NET_FILE = "model.net"
@@ -162,10 +161,10 @@ def export_model(model: torch.nn.Module, path: str | Path, meta: dict | None = N
         entry = layers.create_group("0")
         entry.create_dataset("type", (1,), "S10", [b"input"])
         entry.create_dataset("shape", data=np.array(copy.layers[0].in_shape))
+        first = next(i for i, layer in enumerate(copy.layers) if layer.has_neurons)
         for i, (layer, block) in enumerate(zip(copy.layers, copy.blocks)):
-            write_layer(layers.create_group(str(i + 1)), i, layer, block, copy.is_voltage_layer(i))
-        if plan.input_bits is not None:
-            scale_first_threshold(layers, plan.input_bits)
+            graded = plan.input_bits if i == first and plan.input_bits is not None else 0
+            write_layer(layers.create_group(str(i + 1)), i, layer, block, copy.is_voltage_layer(i), graded)
     os.replace(tmp, path)
     tmp = digest_file(path).with_name(digest_file(path).name + ".tmp")
     tmp.write_text(f"{file_sha256(path)}  {path.name}\n")

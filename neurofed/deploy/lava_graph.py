@@ -112,7 +112,7 @@ def graph_entries(model, input_bits: int | None = None) -> GraphEntries:
     import io
 
     from neurofed.deploy.deployable import deployable_copy
-    from neurofed.deploy.lava_readout import MAX_BIAS_EXP, scale_threshold
+    from neurofed.deploy.lava_readout import MAX_BIAS_EXP
     from neurofed.deploy.netx_entries import write_layer
     from neurofed.models.residual import ResidualJoin
 
@@ -129,10 +129,10 @@ def graph_entries(model, input_bits: int | None = None) -> GraphEntries:
                 flatten = True
                 continue
             entry = h.create_group(str(i))
-            write_layer(entry, i, layer, block, copy.is_voltage_layer(i))  # as `neurofed export` writes it
             graded = i == first and input_bits is not None
-            if graded:
-                scale_threshold(entry, input_bits, bias_exp=MAX_BIAS_EXP)  # netx's exponent 6 halves the range
+            # as `neurofed export` writes it; a graded first layer's bias at Lava's exponent 7, twice netx's range
+            write_layer(entry, i, layer, block, copy.is_voltage_layer(i), input_bits if graded else 0,
+                        MAX_BIAS_EXP if graded else None)
             shortcut = None
             if isinstance(block, ResidualJoin):  # an identity shortcut has the join's own channels
                 stride = block.shortcut.stride[0] if block.shortcut is not None else 1

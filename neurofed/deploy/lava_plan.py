@@ -96,16 +96,16 @@ def fitting_input_bits(model, bias_exp: int = 6) -> int:
     mantissa at exponent ``bias_exp`` (netx's 6; the residual graph's 7): a stem whose norm
     shift is large gets a coarser input grid instead of a refusal (both sides see that grid)."""
     from neurofed.deploy.deployable import integer_bias
-    from neurofed.deploy.lava_readout import MAX_BIAS_MANTISSA, NETX_BIAS_EXP, graded_bias, shift
+    from neurofed.deploy.lava_readout import MAX_BIAS_MANTISSA, NETX_BIAS_EXP, graded_bias
 
     synapse = getattr(first_block(model), "synapse", None)
     bias = integer_bias(synapse) if synapse is not None else None
     if bias is None or not bias.numel():
         return INPUT_BITS
-    k = weight_exponent(synapse)  # the layer's own exponent scales its bias first (neurofed.models.quantize)
-    worst = int(shift(int(bias.abs().max()), k))
+    k = weight_exponent(synapse)  # the layer's own exponent and the input's bits scale its bias in one shift
+    worst = int(bias.abs().max())
     for bits in range(INPUT_BITS, 0, -1):
-        if bits >= bias_exp - NETX_BIAS_EXP and graded_bias(worst, bits, bias_exp) <= MAX_BIAS_MANTISSA:
+        if bits + k >= bias_exp - NETX_BIAS_EXP and graded_bias(worst, bits + k, bias_exp) <= MAX_BIAS_MANTISSA:
             return bits
     return INPUT_BITS  # nothing fits: export refuses, naming the layer
 

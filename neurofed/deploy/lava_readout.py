@@ -43,11 +43,6 @@ def write_voltage_layer(block, group: h5py.Group) -> None:
         group.create_dataset(f"neuron/{key}", data=value)
 
 
-def scale_first_threshold(layers: h5py.Group, bits: int) -> None:
-    """The first layer with a neuron: threshold mantissa and bias x 2^bits (its state is scaled so)."""
-    scale_threshold(next(layers[str(i)] for i in range(1, len(layers)) if "neuron/vThMant" in layers[str(i)]), bits)
-
-
 NETX_BIAS_EXP = 6  # netx's hdf5 reader gives every neuron this bias exponent
 MAX_BIAS_EXP = 7  # Lava LIF's bias_exp: unsigned 3 bits
 

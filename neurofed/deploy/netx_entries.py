@@ -65,15 +65,18 @@ def write_pool(block, group: h5py.Group, layer) -> None:
         group.create_dataset(f"neuron/{key}", data=value)
 
 
-def write_layer(group: h5py.Group, index: int, layer, block, voltage: bool) -> None:
+def write_layer(group: h5py.Group, index: int, layer, block, voltage: bool, graded_bits: int = 0,
+                bias_exp: int | None = None) -> None:
     """Layer ``index`` of a deployable copy (:mod:`neurofed.deploy.deployable`) into ``group``:
     a pool as a grouped conv, the voltage readout (``voltage``) as a never-firing dense layer,
     a residual join as its 3×3 synapse and neuron (the graph wires its shortcut), anything else
-    by SLAYER; then its folded bias, if it has one."""
+    by SLAYER; then its folded bias, if it has one. ``graded_bits``: the first layer's state runs
+    2^bits finer still for graded input (:mod:`neurofed.deploy.lava_plan`), its bias written for
+    a neuron of bias exponent ``bias_exp`` (default netx's)."""
     from types import SimpleNamespace
 
     from neurofed.compat import slayer
-    from neurofed.deploy.lava_readout import scale_threshold, write_voltage_layer
+    from neurofed.deploy.lava_readout import NETX_BIAS_EXP, scale_threshold, write_voltage_layer
     from neurofed.models.quantize import weight_exponent
     from neurofed.models.residual import ResidualJoin
 
@@ -88,5 +91,10 @@ def write_layer(group: h5py.Group, index: int, layer, block, voltage: bool) -> N
         block.export_hdf5(group)
     write_bias(block, group, index)
     exponent = weight_exponent(block.synapse) if getattr(block, "synapse", None) is not None else 0
-    if exponent:  # its weights are 2^k larger integers: its state runs 2^k finer (neurofed.models.quantize)
-        scale_threshold(group, exponent, why=f"layer {index} (exponent {exponent})")
+    # its weights are 2^k larger integers: its state runs 2^k finer (neurofed.models.quantize), and
+    # 2^bits finer on top for graded input. One shift of k + bits: a negative k alone would floor
+    # an odd bias that the sum keeps exact (layer_exponent chose k for the sum).
+    bits = exponent + graded_bits
+    if bits or (bias_exp is not None and bias_exp != NETX_BIAS_EXP):
+        why = f"layer {index} (exponent {exponent}" + (f", graded input {graded_bits} bits)" if graded_bits else ")")
+        scale_threshold(group, bits, bias_exp=NETX_BIAS_EXP if bias_exp is None else bias_exp, why=why)
