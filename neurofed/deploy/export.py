@@ -24,7 +24,7 @@ import torch
 
 from neurofed.deploy import DeployError
 from neurofed.deploy.constraints import DEFAULT_PROFILE, ConstraintReport, check_model
-from neurofed.deploy.lava_plan import fitting_input_bits, graded_state_warning, plan_for
+from neurofed.deploy.lava_plan import first_neuron_layer, fitting_input_bits, graded_state_warning, plan_for
 from neurofed.deploy.deployable import fresh_copy  # noqa: F401  (imported from here by callers)
 from neurofed.deploy.netx_entries import write_layer
 
@@ -161,7 +161,7 @@ def export_model(model: torch.nn.Module, path: str | Path, meta: dict | None = N
         entry = layers.create_group("0")
         entry.create_dataset("type", (1,), "S10", [b"input"])
         entry.create_dataset("shape", data=np.array(copy.layers[0].in_shape))
-        first = next(i for i, layer in enumerate(copy.layers) if layer.has_neurons)
+        first = first_neuron_layer(copy)
         for i, (layer, block) in enumerate(zip(copy.layers, copy.blocks)):
             graded = plan.input_bits if i == first and plan.input_bits is not None else 0
             write_layer(layers.create_group(str(i + 1)), i, layer, block, copy.is_voltage_layer(i), graded)

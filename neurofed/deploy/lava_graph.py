@@ -112,7 +112,8 @@ def graph_entries(model, input_bits: int | None = None) -> GraphEntries:
     import io
 
     from neurofed.deploy.deployable import deployable_copy
-    from neurofed.deploy.lava_readout import MAX_BIAS_EXP
+    from neurofed.deploy.lava_plan import first_neuron_layer
+    from neurofed.deploy.lava_readout import MAX_BIAS_EXP, NETX_BIAS_EXP
     from neurofed.deploy.netx_entries import write_layer
     from neurofed.models.residual import ResidualJoin
 
@@ -120,7 +121,7 @@ def graph_entries(model, input_bits: int | None = None) -> GraphEntries:
     why = graph_refusal(copy)
     if why:
         raise DeployError(f"the model cannot be wired on Lava: {why}")
-    first = next(i for i, layer in enumerate(copy.layers) if layer.has_neurons)
+    first = first_neuron_layer(copy)
     layers, flatten = [], False
     buffer = io.BytesIO()
     with h5py.File(buffer, "w") as h:
@@ -132,7 +133,7 @@ def graph_entries(model, input_bits: int | None = None) -> GraphEntries:
             graded = i == first and input_bits is not None
             # as `neurofed export` writes it; a graded first layer's bias at Lava's exponent 7, twice netx's range
             write_layer(entry, i, layer, block, copy.is_voltage_layer(i), input_bits if graded else 0,
-                        MAX_BIAS_EXP if graded else None)
+                        MAX_BIAS_EXP if graded else NETX_BIAS_EXP)
             shortcut = None
             if isinstance(block, ResidualJoin):  # an identity shortcut has the join's own channels
                 stride = block.shortcut.stride[0] if block.shortcut is not None else 1

@@ -197,8 +197,13 @@ def layer_seeds(seed: int, num_layers: int) -> list[int]:
     return [seed_for(seed, "lava-raster", j) for j in range(num_layers)]
 
 
+def first_neuron_layer(model) -> int:
+    """Index of the first layer with neurons: the one graded input reaches."""
+    return next(i for i, layer in enumerate(model.layers) if layer.has_neurons)
+
+
 def first_block(model):
-    return next(block for layer, block in zip(model.layers, model.blocks) if layer.has_neurons)
+    return model.blocks[first_neuron_layer(model)]
 
 
 @contextmanager

@@ -8,6 +8,8 @@ from __future__ import annotations
 import h5py
 import numpy as np
 
+from neurofed.deploy.lava_readout import NETX_BIAS_EXP
+
 
 # Lava's CPU conv model stores ``groups`` as int8 (lava.proc.conv.models, lava-nc
 # 0.10): 128 groups wrap to -128 and the layer goes silent without an error.
@@ -66,7 +68,7 @@ def write_pool(block, group: h5py.Group, layer) -> None:
 
 
 def write_layer(group: h5py.Group, index: int, layer, block, voltage: bool, graded_bits: int = 0,
-                bias_exp: int | None = None) -> None:
+                bias_exp: int = NETX_BIAS_EXP) -> None:
     """Layer ``index`` of a deployable copy (:mod:`neurofed.deploy.deployable`) into ``group``:
     a pool as a grouped conv, the voltage readout (``voltage``) as a never-firing dense layer,
     a residual join as its 3×3 synapse and neuron (the graph wires its shortcut), anything else
@@ -76,7 +78,7 @@ def write_layer(group: h5py.Group, index: int, layer, block, voltage: bool, grad
     from types import SimpleNamespace
 
     from neurofed.compat import slayer
-    from neurofed.deploy.lava_readout import NETX_BIAS_EXP, scale_threshold, write_voltage_layer
+    from neurofed.deploy.lava_readout import scale_threshold, write_voltage_layer
     from neurofed.models.quantize import weight_exponent
     from neurofed.models.residual import ResidualJoin
 
@@ -95,6 +97,6 @@ def write_layer(group: h5py.Group, index: int, layer, block, voltage: bool, grad
     # 2^bits finer on top for graded input. One shift of k + bits: a negative k alone would floor
     # an odd bias that the sum keeps exact (layer_exponent chose k for the sum).
     bits = exponent + graded_bits
-    if bits or (bias_exp is not None and bias_exp != NETX_BIAS_EXP):
+    if bits or bias_exp != NETX_BIAS_EXP:
         why = f"layer {index} (exponent {exponent}" + (f", graded input {graded_bits} bits)" if graded_bits else ")")
-        scale_threshold(group, bits, bias_exp=NETX_BIAS_EXP if bias_exp is None else bias_exp, why=why)
+        scale_threshold(group, bits, bias_exp=bias_exp, why=why)
