@@ -123,3 +123,65 @@ def test_precise_statistics_close_each_local_training_when_asked():
                 torch.testing.assert_close(m1, m2)
                 torch.testing.assert_close(v1, v2)
     assert any(not torch.allclose(a[0], b[0]) for a, b in zip(stats["running"], stats["precise"]))
+
+
+# --------------------------------------------------------------------------- BNTT (model.norm: bntt)
+
+
+def test_bntt_normalizes_each_channel_at_each_step_by_that_steps_statistics_and_gamma():
+    from neurofed.models.norm import StepBatchNorm
+
+    torch.manual_seed(2)
+    steps = 4
+    # each step its own mean and spread, as a rate-coded input's early and late steps differ
+    z = torch.randn(32, 3, 5, 5, steps) * torch.arange(1.0, steps + 1) + torch.arange(steps) * 3.0
+    norm = StepBatchNorm(3, steps)
+    with torch.no_grad():
+        norm.weight.copy_(torch.arange(1.0, 13.0).reshape(3, steps) / 4)
+    out = norm.train()(z)
+    for c in range(3):
+        for t in range(steps):
+            zc, oc = z[:, c, ..., t], out[:, c, ..., t]
+            ref = norm.weight[c, t] * (zc - zc.mean()) / torch.sqrt(zc.var(unbiased=False) + norm.eps)
+            torch.testing.assert_close(oc, ref)  # FedSNN Eq. 5: no shift
+            torch.testing.assert_close(norm.running_mean[c, t], 0.1 * zc.mean())
+    assert [n for n, _ in norm.named_parameters()] == ["weight", "running_mean", "running_var"]
+    # each step's γ takes its own gradient
+    (out * torch.arange(out.numel()).reshape(out.shape)).sum().backward()
+    assert norm.weight.grad.shape == (3, steps) and len(set(norm.weight.grad.flatten().tolist())) == 3 * steps
+    norm.eval()
+    whole = norm(z[:6])
+    torch.testing.assert_close(whole, torch.cat([norm(z[i:i + 1]) for i in range(6)]))  # running statistics
+
+
+def test_a_bntt_model_declares_its_per_step_gammas_refuses_export_and_other_step_counts():
+    import pytest
+
+    from neurofed.config import ConfigError, load_config
+    from neurofed.deploy import DeployError
+    from neurofed.deploy.deployable import deployable_copy
+    from neurofed.models.norm import StepBatchNorm
+    from conftest import tiny_overrides
+
+    cfg = {"name": "sfedca_mnist", "width": 0.25, "norm": "bntt", "norm_steps": 4}
+    model = build_model(cfg, (1, 28, 28), 10)
+    norms = {f"blocks.{i}.norm.weight": b.norm for i, b in enumerate(model.blocks)
+             if isinstance(getattr(b, "norm", None), StepBatchNorm)}
+    assert norms and model.param_time_axes == {name: 1 for name in norms}
+    assert ParamSpec.from_model(model).time_axes == tuple((name, 1) for name in norms)
+    assert all(n.weight.shape[1] == 4 for n in norms.values())
+    model.train()(torch.rand(2, 1, 28, 28, 4))
+    with pytest.raises(ValueError, match="time steps"):
+        model(torch.rand(2, 1, 28, 28, 5))
+    with pytest.raises(DeployError, match="model.norm: bntt: one γ per time step"):
+        deployable_copy(model)
+    twin = build_model({**cfg, "kind": "ann"}, (1, 28, 28), 10)  # the twin takes the plain norm
+    assert any(isinstance(m, ChannelBatchNorm) for m in twin.modules())
+    assert not any(isinstance(m, StepBatchNorm) for m in twin.modules())
+    with pytest.raises(ConfigError, match=r"model.norm_steps: got None with model.norm bntt; expected data.timesteps"):
+        load_config(None, tiny_overrides(**{"model.norm": "bntt", "export": False}))
+    steps = load_config(None, tiny_overrides())["data"]["timesteps"]
+    with pytest.raises(ConfigError, match=r"export: true with model.norm bntt"):
+        load_config(None, tiny_overrides(**{"model.norm": "bntt", "model.norm_steps": steps, "export": True}))
+    ok = load_config(None, tiny_overrides(**{"model.norm": "bntt", "model.norm_steps": steps, "export": False}))
+    assert ok["model"]["norm_steps"] == steps

@@ -204,6 +204,25 @@ def test_divfl_server_fills_its_table_then_picks_diverse_clients():
     assert len(chosen) == 2 and len(set(chosen) & {0, 1, 2}) == 1 and len(set(chosen) & {3, 4}) == 1
 
 
+def test_divfl_weights_its_picks_by_n_k_or_uniformly_as_asked():
+    from neurofed.config import ConfigError, load_config
+    from conftest import tiny_overrides
+
+    ups = {0: [1.0, 0.0], 1: [0.0, 1.0]}
+    sizes = {0: 30, 1: 10}
+    means = {}
+    for weighting in ("samples", "uniform"):
+        cfg = {"seed": 0, "federation": {"clients_per_round": 2}, "algorithm": {"name": "divfl", "weighting": weighting}}
+        server = DivFLServer(cfg, ParamSpec(("w",), ((2,),)), np.zeros(2), ServerContext(2))
+        server.aggregate(1, [FitResult(c, np.array(u, np.float32), sizes[c], {}) for c, u in ups.items()])
+        means[weighting] = server.params
+    np.testing.assert_allclose(means["samples"], [0.75, 0.25], atol=1e-6)  # 30 of 40 samples
+    np.testing.assert_allclose(means["uniform"], [0.5, 0.5], atol=1e-6)
+    assert load_config(None, tiny_overrides(**{"algorithm.name": "divfl"}))["algorithm"]["weighting"] == "samples"
+    with pytest.raises(ConfigError, match=r"algorithm.weighting: got 'equal'; allowed: samples, uniform"):
+        load_config(None, tiny_overrides(**{"algorithm.name": "divfl", "algorithm.weighting": "equal"}))
+
+
 # --------------------------------------------------------------------------- FedMoS
 
 

@@ -19,10 +19,12 @@ letting all N clients train once (the authors' code instead probes every client'
 full-batch gradient at the initial model); that round aggregates the greedy P of
 those N fresh updates. Aggregation is FedAvg's n_k-weighted average of the selected
 clients, as in the authors' released trainer (the γ-weighted form of the analysis
-is not used there). The ground set is every client ([N] in F(S)): a client that
-straggled or failed in round 1 has no update yet and enters with Δ_k = 0 (the update
-of a client that has not moved from the global model), so it can be selected, and its
-row is filled the first time it replies.
+is not used there); ``algorithm.weighting: uniform`` takes their plain mean, as
+FedLab's server (on which SFedCA's authors ran this baseline) does. The ground set
+is every client ([N] in F(S)): a client that straggled or failed in round 1 has no
+update yet and enters with Δ_k = 0 (the update of a client that has not moved from
+the global model), so it can be selected, and its row is filled the first time it
+replies.
 
 Memory: the table of N stale updates (float32, N × P) is the only copy of them the server
 keeps; the distances come from their Gram matrix (N × N, float64), whose rows are
@@ -38,6 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from neurofed.algorithms.base import Algorithm, Server, weighted_average
+from neurofed.config import choice
 
 
 def greedy_facility_location(sim: np.ndarray, budget: int, ground: list[int] | None = None) -> list[int]:
@@ -127,7 +130,7 @@ class DivFLServer(Server):
         if fresh:  # round 1 trained everyone; aggregate the greedy P of the fresh updates
             picked = set(self.select([r.cid for r in results]))
             results = [r for r in results if r.cid in picked]
-        self.params = weighted_average(results)
+        self.params = weighted_average(results, self.aggregation_weights(results))
         return {"aggregated": sorted(r.cid for r in results)}
 
     def state_dict(self) -> dict:
@@ -143,3 +146,5 @@ class DivFLServer(Server):
 class DivFL(Algorithm):
     name = "divfl"
     Server = DivFLServer
+    config_defaults = {"weighting": "samples"}
+    config_checks = {"weighting": choice(("samples", "uniform"))}

@@ -123,13 +123,15 @@ def deployable_copy(model, bias_on_current_ok: bool = False) -> nn.Module:
     docstring); ``model`` is untouched. Raises DeployError for what cannot be folded.
     ``bias_on_current_ok``: the target adds a bias to the current as SLAYER does (NIR's
     synapse bias), so batch norm folds for any current decay (Lava's voltage bias needs 1)."""
-    from neurofed.models.norm import ChannelBatchNorm
+    from neurofed.models.norm import BNTT_EXPORT_REFUSAL, ChannelBatchNorm, StepBatchNorm
     from neurofed.models.residual import ResidualJoin
     from neurofed.models.snn import AnalogGlobalPool, SpikingNet
     from neurofed.models.spec import resolve
 
     if getattr(model, "deploy_expand", None) is not None:
         return model  # already one
+    if any(isinstance(m, StepBatchNorm) for m in model.modules()):
+        raise DeployError(BNTT_EXPORT_REFUSAL)  # before the shape pass below, which runs 2 steps
     src = fresh_copy(model)
     with torch.no_grad():  # SLAYER blocks learn their shapes on the first forward pass
         src(torch.zeros(1, *model.layers[0].in_shape, 2))

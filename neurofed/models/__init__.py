@@ -15,7 +15,7 @@ from neurofed.models import paper_nets as _paper_nets  # noqa: F401,E402  SFedCA
 MODEL_KINDS = ("snn", "ann")
 READOUTS = ("spikes", "voltage")
 POOLS = ("sum", "max", "avg")  # neurofed.models.snn.pool_neuron
-NORMS = ("none", "batch")  # neurofed.models.norm
+NORMS = ("none", "batch", "bntt")  # neurofed.models.norm
 NORM_STATISTICS = ("running", "precise")  # neurofed.models.norm.precise_statistics
 GLOBAL_POOLS = ("spikes", "analog")  # neurofed.models.snn.AnalogGlobalPool
 
@@ -76,8 +76,11 @@ MODEL_DEFAULTS: dict = {
     # export, neurofed.deploy.deployable): snn.AnalogGlobalPool
     "global_pool": "spikes",
     # none | batch (batch norm before each hidden layer's neurons; the SFedHIFI authors' ResNet;
-    # folded into weights and biases at export): neurofed.models.norm
+    # folded into weights and biases at export) | bntt (FedSNN's BNTT: one γ and one set of
+    # statistics per step, training only: no export): neurofed.models.norm
     "norm": "none",
+    # bntt's number of steps: data.timesteps (set both; the config check says so)
+    "norm_steps": None,
     # running: the norm's running statistics as training tracks them (PyTorch's exponential
     # average, momentum 0.1); precise: recomputed after each client's local training as the
     # mean over its data under the trained weights (PreciseBN): neurofed.models.norm
@@ -103,6 +106,22 @@ MODEL_DEFAULTS: dict = {
 }
 
 
+def _norm_steps_checks(cfg: dict) -> list[str]:
+    """BNTT keeps one γ per step: its steps are the data's, and it does not export (refused here,
+    before training, rather than at the export that follows it)."""
+    m, steps = cfg["model"], cfg["data"]["timesteps"]
+    if m["norm"] == "bntt" and m["norm_steps"] != steps:
+        return [f"model.norm_steps: got {m['norm_steps']!r} with model.norm bntt; expected data.timesteps "
+                f"({steps}): BNTT keeps one γ and one set of statistics per time step"]
+    if m["norm"] == "bntt" and cfg.get("export"):
+        return ["export: true with model.norm bntt; its per-step γ cannot fold into a synapse that is the "
+                "same at every step: set export: false, or train with model.norm: batch to export"]
+    if m["norm"] != "bntt" and m["norm_steps"] is not None:
+        return [f"model.norm_steps: got {m['norm_steps']!r}; it is read only with model.norm bntt (got "
+                f"{m['norm']!r}): leave it null"]
+    return []
+
+
 register_section(Section("model", MODEL_DEFAULTS, lambda: {
     "model.name": choice(model_names()),
     "model.kind": choice(MODEL_KINDS),
@@ -121,6 +140,7 @@ register_section(Section("model", MODEL_DEFAULTS, lambda: {
     "model.global_pool": choice(GLOBAL_POOLS),
     "model.norm": choice(NORMS),
     "model.norm_statistics": choice(NORM_STATISTICS),
+    "model.norm_steps": number(1, integer=True, nullable=True),
     "model.init": choice(INIT_MODES),
     "model.ann_init": choice(ANN_INIT_MODES),
     "model.neuron_gradient": choice(NEURON_GRADIENTS),
@@ -129,7 +149,7 @@ register_section(Section("model", MODEL_DEFAULTS, lambda: {
     "model.init_samples": number(1, integer=True),
     "model.bank_fraction": number(0, 1, lo_open=True),
     "model.group_fraction": number(0, 1, lo_open=True),
-}))
+}, cross_checks=_norm_steps_checks))
 
 
 __all__ = ["MODEL_DEFAULTS", "Layer", "ZOO", "register_topology", "topology", "build_model", "build_run_model", "model_names",

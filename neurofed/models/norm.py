@@ -68,6 +68,42 @@ class ChannelBatchNorm(nn.Module):
         return scale, self.bias - scale * self.running_mean
 
 
+BNTT_EXPORT_REFUSAL = ("model.norm: bntt: one γ per time step, which a synapse that is the same at every step "
+                       "cannot fold; train with model.norm: batch to export")
+
+
+class StepBatchNorm(ChannelBatchNorm):
+    """BNTT (Kim & Panda 2021; FedSNN §II-C, Eq. 5): one γ and one set of statistics per
+    channel *and time step*, ``γ_i^t (z_i^t − μ_i^t) / sqrt(σ_i^t² + ε)``, and no shift, as
+    Eq. 5 is printed; ε and the statistics' momentum are PyTorch's. ``model.norm: bntt``, a
+    training-only form: a Loihi synapse is the same at every step, so a per-step γ cannot fold
+    into it, and export refuses it (:func:`neurofed.deploy.deployable.deployable_copy`); ``model.norm: batch`` is
+    the form that folds. γ and the statistics are (C, T); the model declares γ's time axis
+    (``param_time_axes``), which FedLEC's Aggregation Through Time averages over."""
+
+    def __init__(self, channels: int, steps: int, eps: float = 1e-5, momentum: float = 0.1):
+        super().__init__(channels, eps, momentum)
+        self.steps = int(steps)
+        self.weight = nn.Parameter(torch.ones(channels, self.steps))
+        self.bias = None
+        self.running_mean = nn.Parameter(torch.zeros(channels, self.steps), requires_grad=False)
+        self.running_var = nn.Parameter(torch.ones(channels, self.steps), requires_grad=False)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        if z.shape[-1] != self.steps:
+            raise ValueError(f"model.norm: bntt: the input has {z.shape[-1]} time steps; its γ and "
+                             f"statistics hold {self.steps} (model.norm_steps = data.timesteps)")
+        n, c = z.shape[:2]
+        per_step = z.movedim(-1, 2)  # (N, C, T, ...): each (channel, step) a channel of its own
+        flat = per_step.reshape(n, c * self.steps, *per_step.shape[3:])
+        out = F.batch_norm(flat, self.running_mean.view(-1), self.running_var.view(-1), self.weight.reshape(-1),
+                           None, training=self.training, momentum=self.momentum, eps=self.eps)
+        return out.reshape(per_step.shape).movedim(2, -1)
+
+    def affine(self):
+        raise ValueError(BNTT_EXPORT_REFUSAL)
+
+
 class BatchNormed:
     """Mixin before a SLAYER block class: its ``forward`` (``base.AbstractConv``'s and
     ``AbstractDense``'s: synapse, neuron, one-step delay) with ``self.norm`` between the
@@ -103,15 +139,19 @@ NORMED = {slayer.block.cuba.Conv: BatchNormedConv, FactorizedConv: BatchNormedFa
           slayer.block.cuba.Dense: BatchNormedDense}
 
 
-def batch_normed(block: nn.Module) -> nn.Module:
+def batch_normed(block: nn.Module, steps: int | None = None) -> nn.Module:
     """``block`` (a SLAYER CUBA Conv or Dense, or a factorized conv) with a
-    :class:`ChannelBatchNorm` before its neuron; its parameters keep their names."""
+    :class:`ChannelBatchNorm` before its neuron, or with ``steps`` a :class:`StepBatchNorm`
+    (BNTT); its parameters keep their names."""
     try:
         block.__class__ = NORMED[type(block)]
     except KeyError:
         raise ValueError(f"model.norm: batch: no normed form of {type(block).__name__}; "
                          f"known: {', '.join(c.__name__ for c in NORMED)}") from None
-    block.norm = ChannelBatchNorm(block.synapse.out_channels)
+    channels = block.synapse.out_channels
+    block.norm = ChannelBatchNorm(channels) if steps is None else StepBatchNorm(channels, steps)
+    if steps is not None:
+        block.export_refusal = BNTT_EXPORT_REFUSAL
     return block
 
 

@@ -72,6 +72,8 @@ class ResidualJoin(nn.Module):
         projection = shortcut_projection(layer)
         self.shortcut = slayer.synapse.Conv(*projection, **syn) if projection else None
         self.neuron = slayer.neuron.cuba.Neuron(**neuron_params)
+        if norm == "bntt":
+            raise ValueError("model.norm: bntt: not offered for residual joins; allowed there: none, batch")
         normed = norm == "batch"
         self.norm = ChannelBatchNorm(out) if normed else nn.Identity()
         self.shortcut_norm = ChannelBatchNorm(out) if normed and self.shortcut is not None else nn.Identity()

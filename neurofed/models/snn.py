@@ -7,7 +7,7 @@ from torch import nn
 
 from neurofed.compat import slayer as _slayer
 from neurofed.models.factorized import factorized_conv_block
-from neurofed.models.norm import ChannelBatchNorm, batch_normed
+from neurofed.models.norm import ChannelBatchNorm, StepBatchNorm, batch_normed
 from neurofed.models.quantize import build_hook, quantize_8bit  # noqa: F401  (quantize_8bit: also read from here)
 from neurofed.models.reset_gradient import use_reset_gradient
 from neurofed.models.residual import AnnResidualJoin, residual_join_block
@@ -168,13 +168,17 @@ class SpikingNet(nn.Module):
             else:
                 block = SNN_BLOCKS[_builder(layer)](layer, dict(params), syn)
                 # the output layer is never normed: its current is the logit (or its spikes')
-                blocks.append(batch_normed(block) if norm == "batch" and i != len(layers) - 1
-                              and layer.kind in ("conv", "dense") else block)
+                normed = norm != "none" and i != len(layers) - 1 and layer.kind in ("conv", "dense")
+                blocks.append(batch_normed(block, model_cfg.get("norm_steps") if norm == "bntt" else None)
+                              if normed else block)
         if model_cfg.get("neuron_gradient", "slayer") == "spikingjelly":
             for i, layer in enumerate(layers):
                 if layer.kind in ("conv", "dense") and not self.is_voltage_layer(i):
                     use_reset_gradient(blocks[i], model_cfg.get("atan_alpha", 2.0))
         self.blocks = nn.ModuleList(blocks)
+        # BNTT's per-step γ: the time axis FedLEC's Aggregation Through Time averages over
+        self.param_time_axes = {f"blocks.{i}.norm.weight": 1 for i, b in enumerate(blocks)
+                                if isinstance(getattr(b, "norm", None), StepBatchNorm)}
         dropout = model_cfg.get("dropout", 0.0)
         self.dropout = nn.Dropout(dropout) if dropout else None
         self.record = False
@@ -249,7 +253,8 @@ class AnnNet(nn.Module):
         self.layers = layers
         # the twin of a normed SNN is normed alike: the same per-channel norm before each
         # hidden layer's units (running statistics averaged by the server as the SNN's)
-        normed = model_cfg.get("norm", "none") == "batch"
+        # (BNTT's per-step γ has no step to act on here: the twin of a bntt SNN takes the plain norm)
+        normed = model_cfg.get("norm", "none") != "none"
         self.parts: list[list[nn.Module]] = []
         last = len(layers) - 1
         for i, layer in enumerate(layers):
