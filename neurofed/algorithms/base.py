@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from neurofed.config import shown
+from neurofed.config import choice, shown
 from neurofed.training.params import ParamSpec
 from neurofed.algorithms.policies import round_lr, update_noise
 from neurofed.seeds import seed_for
@@ -44,6 +44,10 @@ class ClientData:
     @property
     def label_counts(self) -> list[int]:
         return label_counts(self.y, [np.arange(len(self.y))], self.num_classes)[0].tolist()
+
+
+# ``algorithm.weighting`` of the algorithms that offer it, read by Server.aggregation_weights
+weighting_check = choice(("samples", "uniform"))
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from neurofed.algorithms.base import Algorithm, Server, weighted_average
-from neurofed.config import choice
+from neurofed.algorithms.base import Algorithm, Server, weighted_average, weighting_check
 
 
 def greedy_facility_location(sim: np.ndarray, budget: int, ground: list[int] | None = None) -> list[int]:
@@ -147,4 +146,4 @@ class DivFL(Algorithm):
     name = "divfl"
     Server = DivFLServer
     config_defaults = {"weighting": "samples"}
-    config_checks = {"weighting": choice(("samples", "uniform"))}
+    config_checks = {"weighting": weighting_check}

@@ -12,11 +12,10 @@ spike-rate logits; uploads its parameters. Both halves are the defaults in
 :mod:`neurofed.algorithms.base`, which every other algorithm extends.
 """
 
-from neurofed.algorithms.base import Algorithm
-from neurofed.config import choice
+from neurofed.algorithms.base import Algorithm, weighting_check
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
     config_defaults = {"weighting": "samples"}
-    config_checks = {"weighting": choice(("samples", "uniform"))}
+    config_checks = {"weighting": weighting_check}

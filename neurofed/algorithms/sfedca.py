@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from neurofed.algorithms.base import Algorithm, Client, Server, weighted_average
+from neurofed.algorithms.base import Algorithm, Client, Server, weighted_average, weighting_check
 from neurofed.config import choice, number
 from neurofed.seeds import seed_for
 from neurofed.training.local import forward_dataset
@@ -140,7 +140,7 @@ class SFedCA(Algorithm):
         "rate_noise": number(0),
         "rate_clip": number(0, 1, lo_open=True),
         "rate_delta": number(0, 1, lo_open=True),
-        "weighting": choice(("uniform", "samples")),
+        "weighting": weighting_check,
         "rate_layers": choice(("weights", "all")),
     }
 

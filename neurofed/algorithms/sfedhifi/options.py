@@ -6,6 +6,7 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
+from neurofed.algorithms.base import weighting_check
 from neurofed.config import boolean, choice, number
 
 BANK_SUFFIX = ".bank"  # neurofed.models.factorized: the width-independent filter bank B
@@ -82,7 +83,7 @@ SFEDHIFI_CHECKS = {
     "rate_data": choice(("test", "train")),
     "rate_samples": number(1, integer=True),
     "rate_source": choice(("output", "input")),
-    "weighting": choice(("uniform", "samples")),
+    "weighting": weighting_check,
     "share_banks": boolean,
 }
 
