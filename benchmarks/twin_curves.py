@@ -170,16 +170,21 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
     arms = list(dict.fromkeys(r["arm"] for r in rows))  # one colour an arm: the SNN solid, its twin dashed
+    # past ten arms the default cycle repeats its colours, so two arms would read as one
+    colours = plt.get_cmap("tab10" if len(arms) <= 10 else "tab20").colors
+    fig, ax = plt.subplots(figsize=(6 if len(rows) <= 8 else 8.5, 4))
     for r in rows:
-        ax.plot(range(1, len(r["accuracy"]) + 1), [100 * a for a in r["accuracy"]], marker="o",
-                color=f"C{arms.index(r['arm'])}", ls="-" if r["kind"] == "snn" else "--",
+        ax.plot(range(1, len(r["accuracy"]) + 1), [100 * a for a in r["accuracy"]], marker="o", markersize=3,
+                color=colours[arms.index(r["arm"]) % len(colours)], ls="-" if r["kind"] == "snn" else "--",
                 label=f"{r['arm']} {r['kind'].upper()}")
     standin = " on its STAND-IN data" if rows[0].get("data") == "stand-in" else ""
     ax.set(xlabel="epoch", ylabel="test accuracy %",
            title=f"{rows[0]['preset']}{standin}:\ncentral training, SNN and ANN twin")
-    ax.legend(fontsize=8)
+    if len(rows) <= 8:
+        ax.legend(fontsize=8)
+    else:  # beside the axes: inside, a long legend hides the curves' ends
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
