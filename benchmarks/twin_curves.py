@@ -10,7 +10,7 @@ epochs asked for is read, not run again (fewer: resumed).
 With ``--root`` the preset's own data files are read and ``--save`` writes
 ``benchmarks/results/twin_curves/``; without it the preset's STAND-IN
 (``neurofed.data.standins``) is used and ``--save`` writes ``benchmarks/results/twin_curves/standins/``.
-Each folder keeps ``results.jsonl`` (appended), ``table.md`` (the latest pair of every preset and
+Each folder keeps ``results.jsonl`` (appended; a run read again is not added twice), ``table.md`` (the latest pair of every preset and
 arm in it, with the ANN − SNN gap at the last epoch) and ``curves_PRESET.png``.
 
     python benchmarks/twin_curves.py --root ../shared/data/mnist --epochs 3 --out /tmp/twins --save
@@ -88,10 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.save:
         results = RESULTS if args.root else RESULTS / "standins"
         results.mkdir(parents=True, exist_ok=True)
-        with open(results / "results.jsonl", "a", encoding="utf-8") as fh:
-            for r in rows:
-                fh.write(json.dumps({**r, "recorded": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
-        latest = recorded(results)  # every preset's latest pair, this run's included
+        latest = record(results, rows)  # every preset's latest pair, this run's included
         (results / "table.md").write_text("\n".join(table(latest, args.threads)) + "\n", encoding="utf-8")
         plot([r for r in latest if r["preset"] == args.preset],
              results / ("curves.png" if args.root else f"curves_{args.preset}.png"))
@@ -124,10 +121,31 @@ def run_cpu(run_dir: Path) -> str:
     return summary.get("environment", {}).get("cpu", "?")
 
 
+def record(results: Path, rows: list[dict]) -> list[dict]:
+    """Append ``rows`` to ``results/results.jsonl``, each stamped with when it was recorded, and
+    return every (preset, arm)'s latest pair. A row that is its key's latest record read again
+    (a save that re-reads runs to replot them, or beside new arms) is not written twice."""
+    known = {(r["preset"], r["arm"], r["kind"]): r for r in recorded(results)}
+    with open(results / "results.jsonl", "a", encoding="utf-8") as fh:
+        for r in rows:
+            if not same_run(r, known.get((r["preset"], r["arm"], r["kind"]))):
+                fh.write(json.dumps({**r, "recorded": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+    return recorded(results)
+
+
+def same_run(row: dict, earlier: dict | None) -> bool:
+    """Whether ``row`` is ``earlier``'s run read again: the same record but for when it was
+    recorded and how long the reading took."""
+    volatile = ("recorded", "wall_s")
+    return earlier is not None and ({k: v for k, v in row.items() if k not in volatile}
+                                    == {k: v for k, v in earlier.items() if k not in volatile})
+
+
 def recorded(results: Path) -> list[dict]:
     """The latest recorded pair of every (preset, arm), in the order first recorded."""
     latest: dict[tuple, dict] = {}
-    for line in (results / "results.jsonl").read_text(encoding="utf-8").splitlines():
+    path = results / "results.jsonl"
+    for line in (path.read_text(encoding="utf-8") if path.exists() else "").splitlines():
         r = json.loads(line)
         latest.pop((r["preset"], r["arm"], r["kind"]), None)
         latest[(r["preset"], r["arm"], r["kind"])] = r

@@ -83,3 +83,15 @@ def test_kinds_are_checked_before_any_run(bench, tmp_path, capsys):
         bench.main(["--preset", "sfedca_fashion_mnist_dir03", "--out", str(tmp_path / "o"), "--kinds", "cnn"])
     assert "--kinds: got 'cnn'; allowed: a comma-separated subset of snn, ann" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_save_that_reads_a_recorded_run_again_adds_no_copy_of_it(bench, tmp_path):
+    run = {"preset": "p", "arm": "a", "kind": "snn", "accuracy": [0.5, 0.7], "run_dir": "/runs/p-a-snn", "wall_s": 300.0}
+    bench.record(tmp_path, [run])
+    latest = bench.record(tmp_path, [{**run, "wall_s": 0.2}])  # the same folder, read, not run
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["wall_s"] == 300.0 and "recorded" in json.loads(lines[0])
+    assert [r["accuracy"] for r in latest] == [[0.5, 0.7]]
+    resumed = {**run, "accuracy": [0.5, 0.7, 0.8]}  # the same arm run on: a new record, and the latest
+    assert [r["accuracy"] for r in bench.record(tmp_path, [resumed])] == [[0.5, 0.7, 0.8]]
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
