@@ -125,12 +125,15 @@ def record(results: Path, rows: list[dict]) -> list[dict]:
     """Append ``rows`` to ``results/results.jsonl``, each stamped with when it was recorded, and
     return every (preset, arm)'s latest pair. A row that is its key's latest record read again
     (a save that re-reads runs to replot them, or beside new arms) is not written twice."""
-    known = {(r["preset"], r["arm"], r["kind"]): r for r in recorded(results)}
+    latest = {run_key(r): r for r in recorded(results)}
     with open(results / "results.jsonl", "a", encoding="utf-8") as fh:
         for r in rows:
-            if not same_run(r, known.get((r["preset"], r["arm"], r["kind"]))):
-                fh.write(json.dumps({**r, "recorded": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
-    return recorded(results)
+            if not same_run(r, latest.get(run_key(r))):
+                r = {**r, "recorded": time.strftime("%Y-%m-%d %H:%M:%S")}
+                fh.write(json.dumps(r) + "\n")
+                latest.pop(run_key(r), None)  # ordered as recorded() orders: the latest row last
+                latest[run_key(r)] = r
+    return list(latest.values())
 
 
 def same_run(row: dict, earlier: dict | None) -> bool:
@@ -141,14 +144,18 @@ def same_run(row: dict, earlier: dict | None) -> bool:
                                     == {k: v for k, v in earlier.items() if k not in volatile})
 
 
+def run_key(row: dict) -> tuple:
+    return row["preset"], row["arm"], row["kind"]
+
+
 def recorded(results: Path) -> list[dict]:
-    """The latest recorded pair of every (preset, arm), in the order first recorded."""
+    """The latest recorded pair of every (preset, arm), in the order of those latest rows."""
     latest: dict[tuple, dict] = {}
     path = results / "results.jsonl"
     for line in (path.read_text(encoding="utf-8") if path.exists() else "").splitlines():
         r = json.loads(line)
-        latest.pop((r["preset"], r["arm"], r["kind"]), None)
-        latest[(r["preset"], r["arm"], r["kind"])] = r
+        latest.pop(run_key(r), None)
+        latest[run_key(r)] = r
     return list(latest.values())
 
 
