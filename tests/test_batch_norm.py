@@ -178,10 +178,15 @@ def test_a_bntt_model_declares_its_per_step_gammas_refuses_export_and_other_step
     twin = build_model({**cfg, "kind": "ann"}, (1, 28, 28), 10)  # the twin takes the plain norm
     assert any(isinstance(m, ChannelBatchNorm) for m in twin.modules())
     assert not any(isinstance(m, StepBatchNorm) for m in twin.modules())
-    with pytest.raises(ConfigError, match=r"model.norm_steps: got None with model.norm bntt; expected data.timesteps"):
-        load_config(None, tiny_overrides(**{"model.norm": "bntt", "export": False}))
     steps = load_config(None, tiny_overrides())["data"]["timesteps"]
+    with pytest.raises(ConfigError, match=rf"model.norm_steps: got {steps + 1} with model.norm bntt; expected "
+                                          rf"data.timesteps \({steps}\)"):
+        load_config(None, tiny_overrides(**{"model.norm": "bntt", "model.norm_steps": steps + 1, "export": False}))
     with pytest.raises(ConfigError, match=r"export: true with model.norm bntt"):
         load_config(None, tiny_overrides(**{"model.norm": "bntt", "model.norm_steps": steps, "export": True}))
     ok = load_config(None, tiny_overrides(**{"model.norm": "bntt", "model.norm_steps": steps, "export": False}))
     assert ok["model"]["norm_steps"] == steps
+    # left null, the steps are the data's: whatever data.timesteps is, and not for the plain norm
+    derived = load_config(None, tiny_overrides(**{"model.norm": "bntt", "data.timesteps": steps + 3, "export": False}))
+    assert derived["model"]["norm_steps"] == steps + 3
+    assert load_config(None, tiny_overrides(**{"model.norm": "batch"}))["model"]["norm_steps"] is None

@@ -192,13 +192,15 @@ class Section:
     """The config section a component owns: its defaults, a check per dotted key
     (built on demand: choices such as the registered data sets are known only then),
     checks across keys once every key is valid, and — for sections whose keys depend
-    on a choice, like ``algorithm`` — its own resolve and validate."""
+    on a choice, like ``algorithm`` — its own resolve and validate; and ``derive``, for a key
+    left null that takes its value from another section's (it fills the whole resolved config)."""
 
     name: str
     defaults: dict
     checks: Callable[[], dict[str, Check]] = dict
     cross_checks: Callable[[dict], list[str]] | None = None
     resolve: Callable[[dict], dict] | None = None
+    derive: Callable[[dict], None] | None = None
     validate: Callable[[dict, dict], list[str]] | None = None
     # the keys a section's choice reads (``name`` included), for load_config's rule on an
     # overridden choice; None: the section's keys do not depend on a choice
@@ -291,6 +293,9 @@ def resolve(cfg: dict) -> dict:
     for name, sec in sections().items():
         if sec.resolve is not None:
             out[name] = sec.resolve(out[name])
+    for sec in sections().values():
+        if sec.derive is not None:
+            sec.derive(out)
     return out
 
 

@@ -79,7 +79,7 @@ MODEL_DEFAULTS: dict = {
     # folded into weights and biases at export) | bntt (FedSNN's BNTT: one γ and one set of
     # statistics per step, training only: no export): neurofed.models.norm
     "norm": "none",
-    # bntt's number of steps: data.timesteps (set both; the config check says so)
+    # bntt's number of steps: null takes data.timesteps (_bntt_steps); a number must equal it
     "norm_steps": None,
     # running: the norm's running statistics as training tracks them (PyTorch's exponential
     # average, momentum 0.1); precise: recomputed after each client's local training as the
@@ -104,6 +104,15 @@ MODEL_DEFAULTS: dict = {
     "bank_fraction": 0.25,
     "group_fraction": 0.125,
 }
+
+
+def _bntt_steps(cfg: dict) -> None:
+    """BNTT's γ and statistics hold one entry per time step of the data: a null
+    ``model.norm_steps`` takes ``data.timesteps`` (an invalid one is left for its own check)."""
+    m, steps = cfg["model"], cfg["data"].get("timesteps")
+    if (m.get("norm") == "bntt" and m.get("norm_steps") is None and isinstance(steps, int)
+            and not isinstance(steps, bool) and steps >= 1):
+        m["norm_steps"] = steps
 
 
 def _norm_steps_checks(cfg: dict) -> list[str]:
@@ -149,7 +158,7 @@ register_section(Section("model", MODEL_DEFAULTS, lambda: {
     "model.init_samples": number(1, integer=True),
     "model.bank_fraction": number(0, 1, lo_open=True),
     "model.group_fraction": number(0, 1, lo_open=True),
-}, cross_checks=_norm_steps_checks))
+}, cross_checks=_norm_steps_checks, derive=_bntt_steps))
 
 
 __all__ = ["MODEL_DEFAULTS", "Layer", "ZOO", "register_topology", "topology", "build_model", "build_run_model", "model_names",
