@@ -1,7 +1,7 @@
 """Where a trained network's test accuracy goes: its run's global model scored on the test set
 with the norms' kept statistics and with each batch's own, on the training set, and how many
 images tie for the top logit (a spike-count readout's counts tie; ``argmax`` takes the lowest
-label among the tied).
+label among the tied), and what a fair coin among the tied would score.
 
     python benchmarks/fit_check.py RUN_DIR [--samples 10000] [--round last] [--all-test]
 
@@ -22,13 +22,18 @@ from common import machine_header  # noqa: E402
 
 
 def scores(logits: torch.Tensor, y: torch.Tensor) -> dict:
-    """Accuracy, images whose top logit is tied, and images wrong with their label among the tied (%)."""
+    """Accuracy, images whose top logit is tied, images wrong with their label among the tied,
+    and the accuracy a fair coin among the tied would score on average (each image counts
+    1 / (labels tied) when its label is among them), all in %."""
     top = logits.max(1, keepdim=True).values
-    tied = (logits == top).sum(1) > 1
+    at_top = logits == top
+    tied = at_top.sum(1) > 1
     right = logits.argmax(1) == y
-    label_tied = tied & (logits.gather(1, y[:, None]) == top).squeeze(1)
+    label_at_top = at_top.gather(1, y[:, None]).squeeze(1)
+    label_tied = tied & label_at_top
     return {"accuracy": 100 * right.float().mean().item(), "tied": 100 * tied.float().mean().item(),
-            "wrong_in_tie": 100 * (label_tied & ~right).float().mean().item()}
+            "wrong_in_tie": 100 * (label_tied & ~right).float().mean().item(),
+            "ties_split": 100 * (label_at_top.float() / at_top.sum(1)).mean().item()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     ds, n = run.dataset, args.samples
     print(machine_header("fit_check", f"({args.threads} thread(s))"))
     print(f"\n{args.run_dir}, round {run.round}, first {n} images of each set\n")
-    print("| set | statistics | accuracy % | tied for the top % | wrong with the label tied % |")
-    print("|---|---|---|---|---|")
+    print("| set | statistics | accuracy % | tied for the top % | wrong with the label tied % "
+          "| accuracy with ties split evenly % |")
+    print("|---|---|---|---|---|---|")
     sets = [("test", ds.x_test, ds.y_test, False), ("test", ds.x_test, ds.y_test, True),
             ("train", ds.x_train, ds.y_train, False)]
     for name, x, y, by_batch in sets:
@@ -64,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                                     batch_statistics=by_batch)
         s = scores(logits, torch.as_tensor(y[:n]).long())
         print(f"| {name} | {'each batch' if by_batch else 'kept'} | {s['accuracy']:.2f} | {s['tied']:.2f} "
-              f"| {s['wrong_in_tie']:.2f} |", flush=True)
+              f"| {s['wrong_in_tie']:.2f} | {s['ties_split']:.2f} |", flush=True)
     return 0
 
 

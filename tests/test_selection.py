@@ -14,8 +14,8 @@ from torch import nn
 
 from neurofed.algorithms.base import Client, ClientData, FitContext, FitResult, ServerContext
 from neurofed.algorithms.divfl import DivFLServer, greedy_facility_location, update_similarity
-from neurofed.algorithms.fedmos import (FedMoSClient, adaptive_selection, server_momentum_step,
-                                        storm_direction)
+from neurofed.algorithms.fedmos import (FedMoSClient, FedMoSServer, adaptive_selection,
+                                        server_momentum_step, storm_direction)
 from neurofed.algorithms.sfedca import SFedCAServer, class_firing_rates, delta_r
 from neurofed.config import ConfigError, load_config
 from neurofed.training.params import ParamSpec
@@ -236,6 +236,18 @@ def test_storm_direction_and_server_momentum_by_hand():
     w, u = server_momentum_step(np.array([1.0, 1.0]), np.array([0.2, -0.2]), np.array([0.1, 0.3]), beta=0.5)
     np.testing.assert_allclose(u, [0.2, 0.2], atol=1e-7)
     np.testing.assert_allclose(w, [1.2, 1.2], atol=1e-7)
+
+
+def test_fedmos_server_keeps_the_first_rounds_move_out_of_its_momentum():
+    # The authors' main_fed.py, iter == 0: w += Δ and u stays 0; from round 2, u = β u + Δ, w += u.
+    # Had round 1's Δ entered u, round 2 would repeat it β-scaled and end at [1.5, 1.0].
+    cfg = {"seed": 0, "federation": {"clients_per_round": 1}, "algorithm": {"name": "fedmos", "beta": 0.5}}
+    server = FedMoSServer(cfg, ParamSpec(("w",), ((2,),)), np.zeros(2), ServerContext(1))
+    for rnd, move, expected in [(1, [1.0, 0.0], [1.0, 0.0]), (2, [0.0, 1.0], [1.0, 1.0]),
+                                (3, [0.0, 1.0], [1.0, 2.5])]:  # round 3: u = 0.5 [0, 1] + [0, 1]
+        server.configure(rnd)
+        server.aggregate(rnd, [FitResult(0, (server.params + np.array(move)).astype(np.float32), 10, {})])
+        np.testing.assert_allclose(server.params, expected, atol=1e-6)
 
 
 class Linear(nn.Module):

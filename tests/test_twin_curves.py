@@ -58,6 +58,7 @@ def test_fit_check_counts_ties_and_the_wrong_answers_among_them(monkeypatch):
                            [1.0, 4.0, 0.0]])  # clear, wrong
     s = fit_check.scores(logits, torch.tensor([1, 1, 0, 2]))
     assert (s["accuracy"], s["tied"], s["wrong_in_tie"]) == (50.0, 50.0, 25.0)
+    assert s["ties_split"] == 100 * (0.5 + 0.5 + 1 + 0) / 4  # a coin is right half the time on each tie
 
 
 def test_arms_only_needs_an_arm(bench, tmp_path, capsys):

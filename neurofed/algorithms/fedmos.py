@@ -20,10 +20,12 @@ d_0 = g_0 makes d_t = g_t + (1 − a)^{t−1} g_1, close to plain SGD.
 Server momentum (``algorithm.beta`` = β), on the aggregated update
 Δ^r = Σ_k q_k (w_k − w^r) / Σ_k q_k:
 
-    u^{r+1} = β u^r + Δ^r,   w^{r+1} = w^r + u^{r+1}
+    u^{r+1} = β u^r + Δ^r,   w^{r+1} = w^r + u^{r+1}   (r ≥ 2);   w^2 = w^1 + Δ^1, u^2 = 0
 
 which is the code's u ← β u − Δ/(ηE), w ← w − ηE u written without its ηE factor
-(it cancels; u here is the last global move).
+(it cancels; u here is the last global move). The first round is the code's ``iter == 0``
+branch: its move is applied but kept out of u, so the jump from the initial weights is not
+repeated β-scaled in round 2 (with it in u, round 2 fell to chance on MNIST, seeds 1 and 2).
 
 Adaptive selection (the code's ``select_adaptively``): with p_k = n_k / Σ n, lay
 the clients in decreasing p_k along [0, P) with segment lengths P·p_k; draw j
@@ -150,8 +152,11 @@ class FedMoSServer(Server):
     def aggregate(self, rnd: int, results: list) -> dict:
         q = np.array([self.draws.get(r.cid, 1) for r in results], dtype=np.float64)
         delta = (q / q.sum()) @ (np.stack([r.params for r in results]) - self.params)
-        self.params, self.momentum = server_momentum_step(self.params, self.momentum, delta,
-                                                          self.cfg["algorithm"]["beta"])
+        if rnd == 1:  # the authors' first round: w += Δ, u stays 0
+            self.params = (self.params + delta).astype(np.float32)
+        else:
+            self.params, self.momentum = server_momentum_step(self.params, self.momentum, delta,
+                                                              self.cfg["algorithm"]["beta"])
         return {"aggregated": sorted(r.cid for r in results), "draws": [int(x) for x in q]}
 
     def state_dict(self) -> dict:
