@@ -110,8 +110,7 @@ def _bntt_steps(cfg: dict) -> None:
     """BNTT's γ and statistics hold one entry per time step of the data: a null
     ``model.norm_steps`` takes ``data.timesteps`` (an invalid one is left for its own check)."""
     m, steps = cfg["model"], cfg["data"].get("timesteps")
-    if (m.get("norm") == "bntt" and m.get("norm_steps") is None and isinstance(steps, int)
-            and not isinstance(steps, bool) and steps >= 1):
+    if m.get("norm") == "bntt" and m.get("norm_steps") is None and number(1, integer=True)(steps) is None:
         m["norm_steps"] = steps
 
 
