@@ -1,7 +1,8 @@
 """Where a trained network's test accuracy goes: its run's global model scored on the test set
 with the norms' kept statistics and with each batch's own, on the training set, and how many
 images tie for the top logit (a spike-count readout's counts tie; ``argmax`` takes the lowest
-label among the tied), and what a fair coin among the tied would score.
+label among the tied), what a fair coin among the tied would score, and what the output
+neurons' voltage scores as the tie-break (``model.tie_break: voltage``, whatever the run set).
 
     python benchmarks/fit_check.py RUN_DIR [--samples 10000] [--round last] [--all-test]
 
@@ -60,17 +61,23 @@ def main(argv: list[str] | None = None) -> int:
     print(machine_header("fit_check", f"({args.threads} thread(s))"))
     print(f"\n{args.run_dir}, round {run.round}, first {n} images of each set\n")
     print("| set | statistics | accuracy % | tied for the top % | wrong with the label tied % "
-          "| accuracy with ties split evenly % |")
-    print("|---|---|---|---|---|---|")
+          "| accuracy with ties split evenly % | accuracy with ties broken by voltage % |")
+    print("|---|---|---|---|---|---|---|")
+    rule = getattr(run.model, "tie_break", None)
     sets = [("test", ds.x_test, ds.y_test, False), ("test", ds.x_test, ds.y_test, True),
             ("train", ds.x_train, ds.y_train, False)]
     for name, x, y, by_batch in sets:
-        logits, _ = forward_dataset(run.model, torch.as_tensor(x[:n]), run.cfg["data"], run.cfg["seed"],
-                                    batch_size=run.cfg["federation"]["batch_size"], record=False,
-                                    batch_statistics=by_batch)
-        s = scores(logits, torch.as_tensor(y[:n]).long())
+        labels, by_rule = torch.as_tensor(y[:n]).long(), {}
+        for tie_break in ("lowest_label", "voltage"):
+            if rule is not None:  # an SNN (an ANN twin's logits do not tie)
+                run.model.tie_break = tie_break
+            logits, _ = forward_dataset(run.model, torch.as_tensor(x[:n]), run.cfg["data"], run.cfg["seed"],
+                                        batch_size=run.cfg["federation"]["batch_size"], record=False,
+                                        batch_statistics=by_batch)
+            by_rule[tie_break] = scores(logits, labels)
+        s, voltage = by_rule["lowest_label"], by_rule["voltage"]["accuracy"] if rule is not None else float("nan")
         print(f"| {name} | {'each batch' if by_batch else 'kept'} | {s['accuracy']:.2f} | {s['tied']:.2f} "
-              f"| {s['wrong_in_tie']:.2f} | {s['ties_split']:.2f} |", flush=True)
+              f"| {s['wrong_in_tie']:.2f} | {s['ties_split']:.2f} | {voltage:.2f} |", flush=True)
     return 0
 
 

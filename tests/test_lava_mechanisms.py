@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from neurofed.config import DEFAULTS
+from neurofed.deploy import DeployError
 from neurofed.deploy.deployable import deployable_copy
 from neurofed.deploy.export import export_model, read_net
 from neurofed.deploy.lava_plan import INPUT_BITS, graded_first_layer, input_spikes, plan_for, torch_reference
@@ -91,6 +92,26 @@ def test_a_paper_network_direct_input_no_delay_voltage_readout_runs_spike_for_sp
     np.testing.assert_array_equal(lava.predictions, ref.predictions)
 
 
+@pytest.mark.parametrize("delay_shift", [False, True])
+def test_voltage_tie_break_reads_the_output_neurons_after_the_last_counted_step(delay_shift, tmp_path):
+    """``model.tie_break: voltage``: Lava's output voltage at the last counted step equals
+    torch's, and both break the count's ties by it the same way."""
+    model = tiny("mlp", tie_break="voltage", delay_shift=delay_shift, threshold=1.5)
+    lava, ref, plan, spikes = round_trip(model, RATE, tmp_path / "m.net", n=12)
+    assert plan.tie_voltage and not plan.voltage
+    np.testing.assert_array_equal(lava.tie_voltage, ref.tie_voltage)
+    lowest = lava.output.argmax(1)
+    decided = np.nonzero(lava.predictions != lowest)[0]
+    assert len(decided), "no tie decided by the voltage: the test input does not exercise the tie-break"
+    tied = lava.output == lava.output.max(1, keepdims=True)
+    for i in decided:  # a tied label, with a higher voltage than the lowest tied one
+        label = lava.predictions[i]
+        assert tied[i, label] and lava.tie_voltage[i, label] > lava.tie_voltage[i, lowest[i]]
+    np.testing.assert_array_equal(lava.predictions, model.readout(model(torch.from_numpy(spikes).float())).argmax(1))
+    with pytest.raises(DeployError, match="model.tie_break voltage: the voltage is read by a host process"):
+        plan.check_backend("loihi2")
+
+
 def test_graded_input_reaching_the_threshold_exactly_does_not_fire(tmp_path):
     """Lava fires on v > threshold; the scaled torch neuron must too (a float32 epsilon
     below one unit of its state would vanish and fire on v == threshold)."""
@@ -111,8 +132,6 @@ def test_graded_input_reaching_the_threshold_exactly_does_not_fire(tmp_path):
 
 
 def test_a_model_that_cannot_be_mapped_is_refused_in_one_line_before_anything_is_written(tmp_path):
-    from neurofed.deploy import DeployError
-
     model = tiny("cnn", norm="batch", current_decay=0.25)  # a norm's shift on a current with memory
     with pytest.raises(DeployError) as err:
         export_model(model, tmp_path / "out" / "m.net")
@@ -121,19 +140,22 @@ def test_a_model_that_cannot_be_mapped_is_refused_in_one_line_before_anything_is
     assert not (tmp_path / "out").exists()
 
 
-def test_a_run_trained_as_the_papers_ends_with_its_lava_check(tmp_path, tiny_cfg):
-    """`neurofed run` with direct input, no per-layer delay, a voltage readout and float
-    weights (the presets' settings) exports and runs on Lava, spike for spike."""
+@pytest.mark.parametrize("readout, tie_break", [("voltage", "lowest_label"), ("spikes", "voltage")])
+def test_a_run_trained_as_the_papers_ends_with_its_lava_check(readout, tie_break, tmp_path, tiny_cfg):
+    """`neurofed run` with direct input, no per-layer delay, a voltage readout (or a spike
+    count with its ties broken by voltage) and float weights (the presets' settings) exports
+    and runs on Lava, spike for spike."""
     import json
 
     from neurofed.pipeline import run
 
     out = tmp_path / "run"
     cfg = tiny_cfg(export=True, **{"lava.samples": 4, "data.encoding": "direct", "model.delay_shift": False,
-                                   "model.readout": "voltage", "model.quantize": False})
+                                   "model.readout": readout, "model.tie_break": tie_break, "model.quantize": False})
     run(cfg, out, progress=False)
     result = json.loads((out / "lava.json").read_text())
-    assert result["spike_for_spike"] and result["agreement"] == 1.0 and result["readout"] == "voltage"
+    assert result["spike_for_spike"] and result["agreement"] == 1.0
+    assert result["readout"] == readout and result["tie_break"] == tie_break
     assert result["encoding"] == "direct" and result["input_bits"] == INPUT_BITS
     assert result["lava_window"] == cfg["data"]["timesteps"] + len(result["layer_kinds"])
     assert 0 <= result["trained_agreement"] <= 1 and "trained_accuracy" in result

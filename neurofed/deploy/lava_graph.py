@@ -217,9 +217,7 @@ def simulate_graph(model, spikes: np.ndarray, seed: int, backend: str = "fixed_p
     if plan is None and isinstance(model, GraphEntries):
         raise DeployError("simulate_graph: graph entries need their plan (lava_plan.plan_for of the model)")
     plan = plan or plan_for(model, spikes.shape[-1])  # binary input; each layer's lag as in a model.net
-    if plan.voltage and backend == "loihi2":
-        raise DeployError("model.readout voltage: the voltage is read by a host process's RefPort, which reaches "
-                          "the simulator's neurons but not a chip's; use --backend fixed_pt")
+    plan.check_backend(backend)
     entries = model if isinstance(model, GraphEntries) else graph_entries(model, plan.input_bits)
     if entries.input_bits != plan.input_bits:
         raise DeployError(f"graph entries written for {entries.input_bits} input bits, the plan has {plan.input_bits}")

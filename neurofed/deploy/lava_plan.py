@@ -43,6 +43,7 @@ class LavaPlan:
     lags: tuple[int, ...]  # per Lava (spiking) layer: steps Lava runs behind torch
     input_bits: int | None  # graded input's fractional bits; None: binary spikes
     voltage: bool  # the output layer is read as its voltage at the last step
+    tie_voltage: bool = False  # model.tie_break voltage: the spiking output's voltage is read there too
 
     @property
     def window(self) -> int:
@@ -55,11 +56,26 @@ class LavaPlan:
 
     @property
     def read_phase(self) -> int:
-        """The phase at which the voltage readout holds torch's last step."""
+        """The phase at which the output layer's neurons hold torch's last (counted) step:
+        the voltage readout's value, or the tie-break's voltage after that step's reset."""
         return self.timesteps - 1 + self.lags[-1]
 
     def to_meta(self) -> dict:
-        return {"lags": list(self.lags), "input_bits": self.input_bits, "voltage": self.voltage}
+        return {"lags": list(self.lags), "input_bits": self.input_bits, "voltage": self.voltage,
+                "tie_voltage": self.tie_voltage}
+
+    @classmethod
+    def from_meta(cls, timesteps: int, meta: dict) -> "LavaPlan":
+        return cls(int(timesteps), tuple(meta["lags"]), meta.get("input_bits"), bool(meta.get("voltage")),
+                   bool(meta.get("tie_voltage")))
+
+    def check_backend(self, backend: str) -> None:
+        """A voltage is read by a host process's RefPort: the simulator's neurons, not a chip's."""
+        if (self.voltage or self.tie_voltage) and backend == "loihi2":
+            what = "model.readout voltage" if self.voltage else "model.tie_break voltage"
+            raise DeployError(f"{what}: the voltage is read by a host process's RefPort, which reaches the "
+                              f"simulator's neurons but not a chip's (that needs lava-loihi's probes); use "
+                              f"--backend fixed_pt")
 
 
 @dataclass
@@ -68,16 +84,23 @@ class SpikeStats:
     checksums: np.ndarray  # (N, L) raster checksum per sample per layer
     output: np.ndarray  # (N, K) output-layer spikes per neuron
     neuron_totals: list[np.ndarray]  # per layer, each neuron's spikes over all samples, torch shape (C, H, W)
+    tie_voltage: np.ndarray | None  # (N, K) under model.tie_break voltage: the output's voltage at the last step
 
     @property
     def predictions(self) -> np.ndarray:
-        return predict(self.output)
+        return predict(self.output, self.tie_voltage)
 
 
-def predict(output_counts: np.ndarray) -> np.ndarray:
+def predict(output_counts: np.ndarray, tie_voltage: np.ndarray | None = None) -> np.ndarray:
     """Label = most output spikes; ties go to the lowest index, as ``torch.argmax``
-    on the model's readout (rate x logit_scale, a positive multiple of the counts)."""
-    return np.argmax(np.asarray(output_counts), axis=1)
+    on the model's readout (rate x logit_scale, a positive multiple of the counts), or,
+    with ``tie_voltage``, to the highest voltage among the tied, then the lowest index
+    (:meth:`neurofed.models.snn.SpikingNet.readout`)."""
+    counts = np.asarray(output_counts)
+    if tie_voltage is None:
+        return np.argmax(counts, axis=1)
+    at_top = counts == counts.max(1, keepdims=True)
+    return np.argmax(np.where(at_top, np.asarray(tie_voltage, dtype=np.float64), -np.inf), axis=1)
 
 
 def plan_for(model, timesteps: int, encoding: str = "rate", input_bits: int = INPUT_BITS) -> LavaPlan:
@@ -87,7 +110,8 @@ def plan_for(model, timesteps: int, encoding: str = "rate", input_bits: int = IN
             lag += 0 if getattr(block, "delay_shift", False) is True else 1
             lags.append(lag)
     voltage = bool(getattr(model, "is_voltage_layer", lambda _: False)(len(model.layers) - 1))
-    return LavaPlan(int(timesteps), tuple(lags), input_bits if encoding == "direct" else None, voltage)
+    tie_voltage = getattr(model, "tie_break", "lowest_label") == "voltage" and not voltage
+    return LavaPlan(int(timesteps), tuple(lags), input_bits if encoding == "direct" else None, voltage, tie_voltage)
 
 
 def fitting_input_bits(model, bias_exp: int = 6) -> int:
@@ -241,14 +265,16 @@ def torch_reference(model, spikes: np.ndarray, seed: int, plan: LavaPlan | None 
     weights = [torch.from_numpy(raster_weights(s, tuple(model.layers[i].out_shape), w)).double().reshape(-1, w)
                for s, i in zip(layer_seeds(seed, len(spiking)), spiking)]
     scale = 1.0 if plan.input_bits is None else float(1 << plan.input_bits)
-    counts, sums, outputs = [], [], []
+    counts, sums, outputs, tie_voltages = [], [], [], []
     totals = [torch.zeros(tuple(model.layers[i].out_shape), dtype=torch.float64) for i in spiking]
     with graded_first_layer(model, plan.input_bits):
         for start in range(0, len(spikes), batch_size):
             x = torch.from_numpy(spikes[start:start + batch_size]).double().div(scale).float()
             c, s = [], []
             for i, layer in enumerate(model.layers):
-                x = model.run_block(i, x)
+                inp, x = x, model.run_block(i, x)
+                if plan.tie_voltage and i == len(model.layers) - 1:  # in SLAYER's state units, as the readout's
+                    tie_voltages.append(model.last_voltage(inp, x).double() * model.blocks[i].neuron.s_scale)
                 if not layer.has_neurons:
                     continue
                 j = len(c)
@@ -267,4 +293,5 @@ def torch_reference(model, spikes: np.ndarray, seed: int, plan: LavaPlan | None 
             sums.append(torch.stack(s, 1))
             outputs.append(out if plan.voltage else y.sum(-1))
     return SpikeStats(torch.cat(counts).long().numpy(), torch.cat(sums).long().numpy(),
-                      torch.cat(outputs).long().numpy(), [tot.long().numpy() for tot in totals])
+                      torch.cat(outputs).long().numpy(), [tot.long().numpy() for tot in totals],
+                      torch.cat(tie_voltages).numpy() if tie_voltages else None)

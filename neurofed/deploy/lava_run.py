@@ -43,6 +43,8 @@ def compare(lava_stats: SpikeStats, torch_stats: SpikeStats, labels: np.ndarray)
         "layer_raster_agreement": np.mean(lava_stats.checksums == torch_stats.checksums, 0).round(6).tolist(),
         "spike_for_spike": bool(np.array_equal(lava_stats.checksums, torch_stats.checksums)
                                 and np.array_equal(lava_stats.output, torch_stats.output)
+                                and (lava_stats.tie_voltage is None  # the tie-break's voltages too, where read
+                                     or np.array_equal(lava_stats.tie_voltage, torch_stats.tie_voltage))
                                 and all(np.array_equal(a, b) for a, b in
                                         zip(lava_stats.neuron_totals, torch_stats.neuron_totals))),
     }
@@ -110,6 +112,7 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
         "timesteps": t,
         "lava_window": plan.window,  # T + the last layer's lag (lava_plan)
         "readout": "voltage" if plan.voltage else "spikes",
+        "tie_break": "voltage" if plan.tie_voltage else "lowest_label",  # predictions' rule (model.tie_break)
         "layer_kinds": [l.kind for l in deployable.layers if l.has_neurons],
         "neurons_per_layer": neurons.astype(int).tolist(),
         "layer_spikes_mean": lava_stats.counts.mean(0).round(4).tolist(),

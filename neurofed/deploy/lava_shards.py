@@ -45,7 +45,9 @@ def merge(parts: list):
     values = {}
     for f in dataclasses.fields(parts[0]):
         items = [getattr(p, f.name) for p in parts]
-        if isinstance(items[0], list):
+        if items[0] is None:  # a field the run does not read (e.g. no tie-break voltage)
+            values[f.name] = None
+        elif isinstance(items[0], list):
             values[f.name] = [np.sum(layer, axis=0) for layer in zip(*items)]
         else:
             values[f.name] = np.concatenate(items, axis=0)

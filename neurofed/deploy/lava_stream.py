@@ -100,11 +100,8 @@ def simulate(net_path: str | Path, spikes: np.ndarray, seed: int, backend: str =
     if plan is None:
         meta = read_net(net_path)
         recorded = meta.get("lava_plan") or {"lags": [0] * sum(k != "flatten" for k, _ in meta["net_layers"][1:])}
-        plan = LavaPlan(t, tuple(recorded["lags"]), recorded.get("input_bits"), bool(recorded.get("voltage")))
-    if plan.voltage and backend == "loihi2":
-        raise DeployError("model.readout voltage: the voltage is read by a host process's RefPort, which reaches "
-                          "the simulator's neurons but not a chip's (that needs lava-loihi's probes); use --backend "
-                          "fixed_pt")
+        plan = LavaPlan.from_meta(t, recorded)
+    plan.check_backend(backend)
     graded = {} if plan.input_bits is None else {"input_message_bits": MESSAGE_BITS}
     net = netx().hdf5.Network(net_config=str(net_path), reset_interval=plan.window, reset_offset=1, **graded)
     try:
@@ -137,7 +134,7 @@ def _stream(net, spikes, seed, backend, run_cfg, progress, chunk, plan):
             _connect(layer.out, counter.s_in, backend, to_chip=False)
             counters.append(counter)
         reader = None
-        if plan.voltage:  # a Python process reading the neurons' Var: the simulator's (see docs/deployment.md)
+        if plan.voltage or plan.tie_voltage:  # a Python process reading the neurons' Var: the simulator's (docs/deployment.md)
             reader = VoltageReader(shape=tuple(layers[-1].neuron.v.shape), window=w, phase=plan.read_phase, samples=n)
             reader.ref.connect_var(layers[-1].neuron.v)
 
@@ -162,7 +159,8 @@ def _stream(net, spikes, seed, backend, run_cfg, progress, chunk, plan):
             t2 = time.perf_counter()
             stats = [np.asarray(c.stats.get()).reshape(n, -1) for c in counters]
             totals = [to_torch_order(np.asarray(c.totals.get()).reshape(c.totals.shape)) for c in counters]
-            output = np.asarray(reader.values.get()).reshape(n, -1) if reader is not None else stats[-1][:, 2:]
+            voltage = np.asarray(reader.values.get()).reshape(n, -1) if reader is not None else None
+            output = voltage if plan.voltage else stats[-1][:, 2:]
             t3 = time.perf_counter()
         finally:
             if bar is not None:
@@ -170,7 +168,8 @@ def _stream(net, spikes, seed, backend, run_cfg, progress, chunk, plan):
             net.stop()
     result = SpikeStats(np.stack([s[:, 0] for s in stats], 1).round().astype(np.int64),
                         np.stack([s[:, 1] for s in stats], 1).round().astype(np.int64),
-                        output.round().astype(np.int64), [t.round().astype(np.int64) for t in totals])
+                        output.round().astype(np.int64), [t.round().astype(np.int64) for t in totals],
+                        voltage if plan.tie_voltage else None)
     timing = {"compile_s": t1 - t0, "run_s": t2 - t1, "readout_s": t3 - t2,
               "samples_per_s": n / (t2 - t1) if t2 > t1 else None}
     return result, timing

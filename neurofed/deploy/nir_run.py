@@ -181,7 +181,7 @@ def simulate(graph, sim: Simulator, spikes: np.ndarray, seed: int, lif_names: li
         if bar is not None:
             bar.close()
     stats = NirStats(counts, sums, out_aligned, [tot.reshape(s).long().numpy() for tot, s in zip(totals, shapes)],
-                     out_full, mismatch)
+                     tie_voltage=None, output_full=out_full, mismatch=mismatch)  # NIR: ties to the lowest label
     return stats, load_s
 
 

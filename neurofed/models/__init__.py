@@ -14,6 +14,7 @@ from neurofed.models import paper_nets as _paper_nets  # noqa: F401,E402  SFedCA
 
 MODEL_KINDS = ("snn", "ann")
 READOUTS = ("spikes", "voltage")
+TIE_BREAKS = ("lowest_label", "voltage")  # neurofed.models.snn.SpikingNet.readout
 POOLS = ("sum", "max", "avg")  # neurofed.models.snn.pool_neuron
 NORMS = ("none", "batch", "bntt")  # neurofed.models.norm
 NORM_STATISTICS = ("running", "precise")  # neurofed.models.norm.precise_statistics
@@ -70,6 +71,10 @@ MODEL_DEFAULTS: dict = {
     # logits from the output layer's spikes (rate x logit_scale) or its non-spiking accumulated
     # voltage (FedSNN Eq. 7; the FedLEC authors' S-VGG9): neurofed.models.snn.SpikingNet.readout
     "readout": "spikes",
+    # a spike-count readout's ties at evaluation: lowest_label (torch.argmax's rule, the papers'
+    # code) | voltage (among the labels tied for the most spikes, the output neuron with the
+    # highest voltage after the last counted step: nearest its next spike; read on Lava too)
+    "tie_break": "lowest_label",
     "pool": "sum",  # sum (SLAYER's) | max (exact spike max) | avg (IF rate average): snn.pool_neuron
     # a residual net's global average pool: spikes (an IF pool; exports) | analog (the mean
     # passed on as a value, the authors' AdaptiveAvgPool2d; folded into the voltage readout at
@@ -130,6 +135,15 @@ def _norm_steps_checks(cfg: dict) -> list[str]:
     return []
 
 
+def _tie_break_checks(cfg: dict) -> list[str]:
+    """The voltage tie-break orders spike counts: a voltage readout has none to order."""
+    m = cfg["model"]
+    if m["tie_break"] == "voltage" and m["readout"] != "spikes":
+        return [f"model.tie_break: voltage with model.readout {m['readout']!r}; it breaks ties between spike "
+                f"counts: use it with model.readout: spikes, or leave tie_break at lowest_label"]
+    return []
+
+
 register_section(Section("model", MODEL_DEFAULTS, lambda: {
     "model.name": choice(model_names()),
     "model.kind": choice(MODEL_KINDS),
@@ -144,6 +158,7 @@ register_section(Section("model", MODEL_DEFAULTS, lambda: {
     "model.dropout": number(0, 1),
     "model.delay_shift": boolean,
     "model.readout": choice(READOUTS),
+    "model.tie_break": choice(TIE_BREAKS),
     "model.pool": choice(POOLS),
     "model.global_pool": choice(GLOBAL_POOLS),
     "model.norm": choice(NORMS),
@@ -157,7 +172,7 @@ register_section(Section("model", MODEL_DEFAULTS, lambda: {
     "model.init_samples": number(1, integer=True),
     "model.bank_fraction": number(0, 1, lo_open=True),
     "model.group_fraction": number(0, 1, lo_open=True),
-}, cross_checks=_norm_steps_checks, derive=_bntt_steps))
+}, cross_checks=lambda cfg: _norm_steps_checks(cfg) + _tie_break_checks(cfg), derive=_bntt_steps))
 
 
 __all__ = ["MODEL_DEFAULTS", "Layer", "ZOO", "register_topology", "topology", "build_model", "build_run_model", "model_names",

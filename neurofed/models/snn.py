@@ -150,6 +150,10 @@ class SpikingNet(nn.Module):
         if self.readout_kind == "voltage" and layers[-1].kind != "dense":
             raise ValueError(f"model.readout: voltage needs a dense output layer; {model_cfg.get('name')!r} "
                              f"ends in a {layers[-1].kind} layer")
+        self.tie_break = model_cfg.get("tie_break", "lowest_label")
+        if self.tie_break == "voltage" and layers[-1].kind != "dense":
+            raise ValueError(f"model.tie_break: voltage reads the output layer's neurons; {model_cfg.get('name')!r} "
+                             f"ends in a {layers[-1].kind} layer, not a dense one")
         params = neuron_params(model_cfg)
         syn = _synapse_kwargs(model_cfg)
         pool = model_cfg.get("pool", "sum")
@@ -183,6 +187,7 @@ class SpikingNet(nn.Module):
         self.dropout = nn.Dropout(dropout) if dropout else None
         self.record = False
         self.layer_spikes: list[torch.Tensor] = []
+        self.tie_voltage: torch.Tensor | None = None  # (N, K) at evaluation under tie_break: voltage
         self._skip = None  # a residual block's input (neurofed.models.residual)
 
     def is_voltage_layer(self, index: int) -> bool:
@@ -203,9 +208,14 @@ class SpikingNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.layer_spikes = []
+        self.tie_voltage = None
         last = len(self.blocks) - 1
         for i, layer in enumerate(self.layers):
-            x = self.run_block(i, x)
+            if i == last and self.tie_break == "voltage" and not self.training:
+                inp, x = x, self.run_block(i, x)
+                self.tie_voltage = self.last_voltage(inp, x)
+            else:
+                x = self.run_block(i, x)
             if self.record and layer.has_neurons:
                 # a voltage readout emits no spikes: it counts 0, so the layer list stays the same
                 spikes = torch.zeros(len(x), device=x.device) if self.is_voltage_layer(i) else x.detach().flatten(1).sum(1)
@@ -215,14 +225,37 @@ class SpikingNet(nn.Module):
         self._skip = None
         return x
 
+    @torch.no_grad()
+    def last_voltage(self, inp: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The output neurons' voltage (N, K) after the last step their spikes are counted
+        at, after its reset (0 where that step spiked), as a Lava neuron holds it then: the
+        output block's input ``inp`` run again through its synapse and SLAYER's neuron
+        dynamics (``out``: the block's output, for the last step's spikes)."""
+        block = self.blocks[-1]
+        _, voltage = block.neuron.dynamics(block.synapse(inp))
+        # with SLAYER's delay_shift the block's output at step t is the neuron's spike at t - 1
+        step = -2 if getattr(block, "delay_shift", False) is True and voltage.shape[-1] > 1 else -1
+        spiked = out[..., -1] != 0
+        return torch.where(spiked, torch.zeros_like(spiked, dtype=voltage.dtype), voltage[..., step]).flatten(1)
+
     def readout(self, output: torch.Tensor) -> torch.Tensor:
         """Logits. ``spikes``: the output spike rate over time, scaled (SFedCA Eq. 8 with
         logit_scale = T: the spike count). ``voltage``: the output layer's accumulated
         voltage at the last step over T, scaled (logit_scale = 1: the FedLEC authors'
-        non-spiking layer averaged over T; logit_scale = T: FedSNN Eq. 7's U_L^T)."""
+        non-spiking layer averaged over T; logit_scale = T: FedSNN Eq. 7's U_L^T).
+
+        ``tie_break: voltage`` (evaluation only; training's loss reads the rates): each label's
+        logit gains less than half a count step, growing with how many labels' output voltages
+        (:meth:`last_voltage`) are below its own, so ``argmax`` takes the most spikes first and,
+        among labels tied on them, the highest voltage; equal voltages still go to the lowest label."""
         if self.readout_kind == "voltage":
             return output[..., -1] / output.shape[-1] * self.logit_scale
-        return output.mean(-1) * self.logit_scale
+        logits = output.mean(-1) * self.logit_scale
+        if self.tie_voltage is not None and not self.training and len(self.tie_voltage) == len(logits):
+            v = self.tie_voltage.to(logits.device)
+            below = (v[:, None, :] < v[:, :, None]).sum(-1).to(logits.dtype)  # labels whose voltage is lower
+            logits = logits + below / (2 * v.shape[1]) * (self.logit_scale / output.shape[-1])
+        return logits
 
     def readout_per_step(self, output: torch.Tensor) -> torch.Tensor:
         """Per-time-step logits (N, K, T), for time-step-wise losses such as TET (Deng et al.

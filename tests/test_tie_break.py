@@ -1,0 +1,68 @@
+"""``model.tie_break: voltage``: a spike-count readout's ties broken by the output neurons'
+voltage at evaluation, never a count overruled, training's logits untouched. (On Lava:
+tests/test_lava_mechanisms.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neurofed.config import DEFAULTS, ConfigError, load_config
+from neurofed.models import Layer, build_model, register_topology
+from neurofed.models.spec import ZOO
+
+from conftest import tiny_overrides
+
+T = 6
+
+
+def _pair(**cfg):
+    """The same weights read with argmax's rule and with the voltage tie-break."""
+    models = []
+    for tie_break in ("lowest_label", "voltage"):
+        torch.manual_seed(0)
+        model_cfg = {**DEFAULTS["model"], "name": "mlp", "threshold": 1.5, "tie_break": tie_break, **cfg}
+        models.append(build_model(model_cfg, (1, 8, 8), 10, logit_scale=float(T)))
+    return models
+
+
+@pytest.mark.parametrize("delay_shift", [False, True])
+def test_ties_go_to_the_highest_voltage_and_no_count_is_overruled(delay_shift):
+    plain, tie = _pair(delay_shift=delay_shift)
+    x = (torch.rand(64, 1, 8, 8, T, generator=torch.Generator().manual_seed(3)) < 0.5).float()
+    plain.eval(), tie.eval()
+    with torch.no_grad():
+        out = tie(x)
+        counts = out.sum(-1)
+        logits = tie.readout(out)
+        voltage = tie.tie_voltage
+        assert torch.equal(out, plain(x))  # the same spikes: the tie-break reads, it does not change the net
+        lowest = plain.readout(out).argmax(1)
+    picked = logits.argmax(1)
+    top = counts.max(1, keepdim=True).values
+    assert torch.all(counts.gather(1, picked[:, None]) == top)  # the most spikes first, always
+    decided = torch.nonzero(picked != lowest).flatten()
+    assert len(decided), "no tie decided by the voltage: the test input does not exercise it"
+    for i in decided:
+        tied = counts[i] == top[i]
+        assert voltage[i, picked[i]] == voltage[i][tied].max() and voltage[i, picked[i]] > voltage[i, lowest[i]]
+    assert torch.all(voltage < tie.blocks[-1].neuron.threshold)  # after the step's reset, as a Lava neuron holds it
+    # training's loss reads the rates alone
+    tie.train(), plain.train()
+    assert torch.equal(tie.readout(tie(x)), plain.readout(plain(x))) and tie.tie_voltage is None
+
+
+def test_tie_break_voltage_refused_where_there_are_no_counts_to_order():
+    with pytest.raises(ConfigError, match=r"model.tie_break: voltage with model.readout 'voltage'"):
+        load_config(None, tiny_overrides(**{"model.tie_break": "voltage", "model.readout": "voltage"}))
+    with pytest.raises(ConfigError, match=r"model.tie_break: got 'nearest'; allowed: lowest_label, voltage"):
+        load_config(None, tiny_overrides(**{"model.tie_break": "nearest"}))
+    assert load_config(None, tiny_overrides(**{"model.tie_break": "voltage"}))["model"]["tie_break"] == "voltage"
+    # a topology that ends in a pool has no output neurons of its own to read
+    register_topology("ends_in_pool", lambda width, k: [Layer("conv", k, 3, padding=1), Layer("pool", kernel=2, stride=2)])
+    try:
+        with pytest.raises(ValueError, match="model.tie_break: voltage reads the output layer's neurons; "
+                                             "'ends_in_pool' ends in a pool layer, not a dense one"):
+            build_model({**DEFAULTS["model"], "name": "ends_in_pool", "tie_break": "voltage"}, (1, 8, 8), 10)
+    finally:
+        ZOO.pop("ends_in_pool")
