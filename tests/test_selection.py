@@ -266,10 +266,11 @@ class Linear(nn.Module):
         return out
 
 
-def _fedmos_cfg(a, mu, epochs=2):
+def _fedmos_cfg(a, mu, epochs=2, estimator="storm"):
     return {"federation": {"rounds": 1, "local_epochs": epochs, "batch_size": 2, "optimizer": "sgd", "lr": 0.1,
                            "momentum": 0.0, "weight_decay": 0.0},
-            "data": {"encoding": "direct", "timesteps": 1}, "algorithm": {"a": a, "mu": mu, "beta": 0.0}}
+            "data": {"encoding": "direct", "timesteps": 1},
+            "algorithm": {"a": a, "mu": mu, "beta": 0.0, "estimator": estimator}}
 
 
 def _linear_data():
@@ -299,6 +300,34 @@ def test_fedmos_client_follows_the_storm_recursion():
             d = g if d is None else g + (1 - a) * (d - grad(prev, idx))
             prev = x
             x = x - lr * d - mu * (x - w)
+    np.testing.assert_allclose(params["fc.weight"], x.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_fedmos_client_follows_the_authors_recursion_under_estimator_authors():
+    """The authors' FedMosOptimizer: the difference takes the previous step's own gradient,
+    zero over the first step, so d_t = g_t + (1 − a)^t g_0 (one pass a step)."""
+    a, mu, lr, seed = 0.3, 0.05, 0.1, 11
+    spec = ParamSpec.from_model(Linear())
+    w = torch.tensor([[0.2, -0.1, 0.3], [0.0, 0.4, -0.2]])
+    data = _linear_data()
+    client = FedMoSClient(_fedmos_cfg(a, mu, estimator="authors"), spec, Linear)
+    params, _, _ = client.fit(FitContext({"fc.weight": w.numpy()}, {"seed": seed}, data))
+
+    def grad(x, idx):
+        x = x.clone().requires_grad_(True)
+        nn.functional.cross_entropy(data.x[idx] @ x.T, data.y[idx]).backward()
+        return x.grad
+
+    gen = torch.Generator().manual_seed(seed)
+    x, d, stored, first = w.clone(), None, torch.zeros_like(w), None
+    for _ in range(2):
+        order = torch.randperm(4, generator=gen)
+        for idx in (order[:2], order[2:]):
+            g = grad(x, idx)
+            d, stored = (g, torch.zeros_like(g)) if d is None else (g + (1 - a) * (d - stored), g)
+            first = g if first is None else first
+            x = x - lr * d - mu * (x - w)
+    torch.testing.assert_close(d, g + (1 - a) ** 3 * first)  # the closed form, 4 steps
     np.testing.assert_allclose(params["fc.weight"], x.numpy(), rtol=1e-5, atol=1e-6)
 
 

@@ -12,10 +12,14 @@ with a proximal pull to the round's global model w):
 ``algorithm.a`` = a, ``algorithm.mu`` = μ; d resets every round. The optimizer
 (``federation.optimizer``) is handed d_t in place of the gradient: with ``sgd`` and
 no momentum this is the update above exactly; with ``adam`` it is Adam on d_t (a
-choice). Both gradients of the difference are taken on the same encoded minibatch
-(a second forward/backward pass at x_{t−1}), as the estimator requires; the
-authors' code instead reuses the previous step's stored gradient, which with
-d_0 = g_0 makes d_t = g_t + (1 − a)^{t−1} g_1, close to plain SGD.
+choice). ``algorithm.estimator``:
+
+- ``storm`` (the paper's equation): both gradients of the difference are taken on the
+  same encoded minibatch ξ_t, a second forward/backward pass at x_{t−1};
+- ``authors`` (the authors' ``FedMosOptimizer.update_momentum``): the difference takes the
+  previous step's stored gradient g_{t−1} = ∇f(x_{t−1}; ξ_{t−1}), zero before the first
+  step, so d_t = g_t + (1 − a)(d_{t−1} − g_{t−1}) = g_t + (1 − a)^t g_0: the plain gradient
+  plus a fading copy of the first one, at one pass a step.
 
 Server momentum (``algorithm.beta`` = β), on the aggregated update
 Δ^r = Σ_k q_k (w_k − w^r) / Σ_k q_k:
@@ -40,7 +44,7 @@ import numpy as np
 import torch
 
 from neurofed.algorithms.base import Algorithm, Client, Server
-from neurofed.config import number
+from neurofed.config import choice, number
 from neurofed.device import model_device
 from neurofed.seeds import rng_for
 from neurofed.models import quantize as quantization
@@ -60,9 +64,14 @@ def adaptive_selection(p: np.ndarray, m: int, rng: np.random.Generator) -> np.nd
     return counts
 
 
+ESTIMATORS = ("storm", "authors")
+
+
 def storm_direction(grad: torch.Tensor, grad_prev_point: torch.Tensor | None, d_prev: torch.Tensor | None,
                     a: float) -> torch.Tensor:
-    """d_t = g(x_t; ξ_t) + (1 − a)(d_{t−1} − g(x_{t−1}; ξ_t)); d_0 = g(x_0; ξ_0)."""
+    """d_t = g(x_t; ξ_t) + (1 − a)(d_{t−1} − g(x_{t−1}; ξ_t)); d_0 = g(x_0; ξ_0). Under
+    ``estimator: authors`` ``grad_prev_point`` is the previous step's own gradient (zero
+    at d_0's step, so d_1 = g_1 + (1 − a) g_0)."""
     if d_prev is None:
         return grad.clone()
     return grad + (1.0 - a) * (d_prev - grad_prev_point)
@@ -94,6 +103,7 @@ class FedMoSClient(Client):
         r = ctx.derived
         r.d = None  # local momentum, reset every round
         r.prev_flat = None  # x_{t−1}
+        r.prev_grad = None  # estimator authors: the previous step's gradient, g_{t−1}
         r.device = model_device(model)
         r.global_t = torch.from_numpy(ctx.global_flat.copy()).to(r.device)
 
@@ -105,7 +115,12 @@ class FedMoSClient(Client):
         r, spec = ctx.derived, ctx.spec
         a = self.cfg["algorithm"]["a"]
         grad = _flat_grad(model, spec.names)
-        grad_prev = self.grad_at_previous_point(ctx, model) if r.d is not None else None
+        if self.cfg["algorithm"]["estimator"] == "authors":
+            grad_prev = r.prev_grad
+            # the authors' optimizer keeps its stored gradient at zero over d_0's step, not g_0
+            r.prev_grad = torch.zeros_like(grad) if r.d is None else grad.clone()
+        else:
+            grad_prev = self.grad_at_previous_point(ctx, model) if r.d is not None else None
         r.d = storm_direction(grad, grad_prev, r.d, a)
         r.prev_flat = spec.get(model)
         x_t = torch.from_numpy(r.prev_flat).to(r.device)
@@ -172,8 +187,9 @@ class FedMoS(Algorithm):
     Server = FedMoSServer
     Client = FedMoSClient
     # Defaults of the authors' code (utils/options.py): a = 0.2, mu = 1e-4, beta = 0.5.
-    config_defaults = {"a": 0.2, "mu": 0.0001, "beta": 0.5}
+    config_defaults = {"a": 0.2, "mu": 0.0001, "beta": 0.5, "estimator": "storm"}
     config_checks = {
+        "estimator": choice(ESTIMATORS),
         "a": number(0, 1, lo_open=True),
         "mu": number(0, 1),
         "beta": number(0, 1),
