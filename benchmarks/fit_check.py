@@ -63,19 +63,20 @@ def main(argv: list[str] | None = None) -> int:
     print("| set | statistics | accuracy % | tied for the top % | wrong with the label tied % "
           "| accuracy with ties split evenly % | accuracy with ties broken by voltage % |")
     print("|---|---|---|---|---|---|---|")
-    rule = getattr(run.model, "tie_break", None)
+    # an ANN twin's logits do not tie: one pass; an SNN's are scored under both tie rules
+    rules = ("lowest_label", "voltage") if hasattr(run.model, "tie_break") else ("lowest_label",)
     sets = [("test", ds.x_test, ds.y_test, False), ("test", ds.x_test, ds.y_test, True),
             ("train", ds.x_train, ds.y_train, False)]
     for name, x, y, by_batch in sets:
         labels, by_rule = torch.as_tensor(y[:n]).long(), {}
-        for tie_break in ("lowest_label", "voltage"):
-            if rule is not None:  # an SNN (an ANN twin's logits do not tie)
+        for tie_break in rules:
+            if len(rules) > 1:
                 run.model.tie_break = tie_break
             logits, _ = forward_dataset(run.model, torch.as_tensor(x[:n]), run.cfg["data"], run.cfg["seed"],
                                         batch_size=run.cfg["federation"]["batch_size"], record=False,
                                         batch_statistics=by_batch)
             by_rule[tie_break] = scores(logits, labels)
-        s, voltage = by_rule["lowest_label"], by_rule["voltage"]["accuracy"] if rule is not None else float("nan")
+        s, voltage = by_rule["lowest_label"], by_rule["voltage"]["accuracy"] if "voltage" in by_rule else float("nan")
         print(f"| {name} | {'each batch' if by_batch else 'kept'} | {s['accuracy']:.2f} | {s['tied']:.2f} "
               f"| {s['wrong_in_tie']:.2f} | {s['ties_split']:.2f} | {voltage:.2f} |", flush=True)
     return 0
