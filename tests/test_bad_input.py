@@ -259,6 +259,22 @@ def test_an_altered_network_is_refused_before_lava_runs_it(run_dir, capsys):
     assert not (run_dir / "lava.json").exists()
 
 
+def test_a_tie_break_the_run_cannot_take_is_refused_before_lava_runs(run_dir, capsys):
+    import yaml
+
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg["model"]["readout"] = "voltage"  # no spike counts to tie
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    line = refused(capsys, "lava", run_dir, "--tie-break", "voltage", "--samples", 2, "--quiet")
+    assert line.startswith("neurofed: error: --tie-break voltage: model.tie_break: voltage with model.readout "
+                           "'voltage'")
+    assert "lowest_label" in line and not (run_dir / "lava.json").exists()
+    with pytest.raises(SystemExit) as exit_:  # argparse's own answer, before anything is read
+        main(["lava", str(run_dir), "--tie-break", "coin"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == (
+        "neurofed lava: error: argument --tie-break: invalid choice: 'coin' (choose from 'lowest_label', 'voltage')")
+
+
 @pytest.mark.parametrize("content", ["- 1\n- 2\n", "federation: [1]\n", "federation:\n  lr: .nan\n"])
 def test_export_reads_the_run_config_validated(run_dir, capsys, content):
     (run_dir / "config.yaml").write_text(content)

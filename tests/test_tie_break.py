@@ -66,3 +66,42 @@ def test_tie_break_voltage_refused_where_there_are_no_counts_to_order():
             build_model({**DEFAULTS["model"], "name": "ends_in_pool", "tie_break": "voltage"}, (1, 8, 8), 10)
     finally:
         ZOO.pop("ends_in_pool")
+
+
+def test_lava_tie_break_flag_reads_a_run_trained_without_the_key_spike_for_spike(tmp_path, tiny_cfg):
+    """``neurofed lava --tie-break voltage`` on a run trained with argmax's rule: both sides
+    break ties by voltage, spike for spike, on the same exported network (not re-exported)."""
+    import json
+
+    from neurofed.cli import main
+    from neurofed.deploy.export import NET_FILE
+    from neurofed.pipeline import run
+
+    out = tmp_path / "run"
+    run(tiny_cfg(export=True, **{"lava.samples": 12, "model.threshold": 0.6, "data.timesteps": 8}), out, progress=False)
+    plain = json.loads((out / "lava.json").read_text())
+    net = (out / NET_FILE).read_bytes()
+    assert plain["tie_break"] == "lowest_label"
+
+    assert main(["lava", str(out), "--samples", "12", "--tie-break", "voltage", "--workers", "1", "--quiet"]) == 0
+    tied = json.loads((out / "lava.json").read_text())
+    assert tied["tie_break"] == "voltage" and tied["spike_for_spike"] and tied["agreement"] == 1.0
+    assert (out / NET_FILE).read_bytes() == net  # a way of reading the output: the network is the same
+    assert tied["layer_spikes"] == plain["layer_spikes"]  # the same spikes, read by another rule
+    for lowest, voltage, counts in zip(plain["predictions"], tied["predictions"], _output_counts(out, 12)):
+        top = [k for k, c in enumerate(counts) if c == max(counts)]
+        assert lowest == top[0] and voltage in top  # never a count overruled
+
+
+def _output_counts(run_dir, n):
+    """The exported network's output counts on the Lava input, from torch (the same spikes)."""
+    from neurofed.deploy.deployable import deployable_copy
+    from neurofed.deploy.export import load_global_model
+    from neurofed.deploy.lava_plan import input_spikes, plan_for, torch_reference
+    from neurofed.seeds import seed_for
+
+    model, cfg, ds, _ = load_global_model(run_dir)
+    deployable = deployable_copy(model)
+    seed = seed_for(cfg["seed"], "lava")
+    spikes, _ = input_spikes(ds.x_test[:n], cfg["data"], seed)
+    return torch_reference(deployable, spikes, seed, plan_for(deployable, cfg["data"]["timesteps"])).output.tolist()

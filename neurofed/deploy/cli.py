@@ -4,6 +4,7 @@ and ``neurofed nir RUN_DIR --sim snntorch|norse``."""
 from __future__ import annotations
 
 from neurofed.deploy.constraints import DEFAULT_PROFILE
+from neurofed.models import TIE_BREAKS
 
 
 def round_arg(p) -> None:
@@ -41,7 +42,7 @@ def cmd_lava(args) -> int:
         os.environ[CONV_MODEL_ENV] = "stock"
 
     run_lava(args.run_dir, samples=args.samples, backend=args.backend, quiet=args.quiet, model_round=args.round,
-             workers=args.workers)
+             workers=args.workers, tie_break=args.tie_break)
     return 0
 
 
@@ -69,6 +70,10 @@ def add_commands(sub) -> None:
     p.add_argument("--stock-conv", action="store_true",
                    help="run conv layers with Lava's own fixed_pt Conv model (scipy, one call per channel pair) "
                         "instead of neurofed's im2col model of the same process (identical results, ~30x faster)")
+    p.add_argument("--tie-break", default=None, choices=TIE_BREAKS,
+                   help="the rule for tied output spike counts on both sides: lowest_label (argmax) or voltage "
+                        "(the tied neuron with the highest voltage after the last step); default: the run's "
+                        "model.tie_break. Evaluation only: the exported network is the same")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     round_arg(p)
     p.set_defaults(func=cmd_lava)

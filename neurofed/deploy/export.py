@@ -96,13 +96,16 @@ def model_file(run_dir: str | Path, model_round: str | int = "last") -> Path:
     return kept[wanted]
 
 
-def load_global_model(run_dir: str | Path, dataset=None, model_round: str | int = "last") -> RunModel:
+def load_global_model(run_dir: str | Path, dataset=None, model_round: str | int = "last",
+                      tie_break: str | None = None) -> RunModel:
     """Rebuild the global model of ``run_dir`` from ``config.yaml`` and the kept model
     file of ``round`` (:func:`model_file`: best, last or that round's number).
 
     The dataset is loaded (or pass it) because the model's input shape and class
-    count come from it.
+    count come from it. ``tie_break`` (``neurofed lava --tie-break``) replaces the run's
+    ``model.tie_break``: an evaluation rule only, so the trained parameters are the same.
     """
+    from neurofed.config import ConfigError, validate
     from neurofed.data import load_dataset
     from neurofed.training.params import ParamSpec
     from neurofed.models import build_run_model
@@ -111,13 +114,24 @@ def load_global_model(run_dir: str | Path, dataset=None, model_round: str | int 
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)  # as the run wrote it, defaults filled, validated
+    if tie_break is not None and tie_break != cfg["model"]["tie_break"]:
+        cfg["model"]["tie_break"] = tie_break
+        try:
+            validate(cfg)
+        except ConfigError as exc:
+            raise DeployError(f"--tie-break {tie_break}: {str(exc).splitlines()[0]}") from None
     path = model_file(run_dir, model_round)
     state = load_state(path, "model")
     params = state.get("params") if isinstance(state, dict) else None
     if not isinstance(params, np.ndarray) or params.dtype != np.float32 or params.ndim != 1:
         raise DeployError(f"{path}: no float32 parameter vector 'params'; not a neurofed global model")
     ds = dataset if dataset is not None else load_dataset(cfg["data"], cfg["seed"])
-    model = build_run_model(cfg, ds)
+    try:
+        model = build_run_model(cfg, ds)
+    except ValueError as exc:
+        if tie_break is None or "tie_break" not in str(exc):
+            raise
+        raise DeployError(f"--tie-break {tie_break}: {exc}") from None
     spec = ParamSpec.from_model(model)
     if params.shape != (spec.size,):
         raise DeployError(f"{path}: {params.size} parameters, but config.yaml's model has {spec.size}")

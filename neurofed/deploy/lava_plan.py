@@ -64,6 +64,12 @@ class LavaPlan:
         return {"lags": list(self.lags), "input_bits": self.input_bits, "voltage": self.voltage,
                 "tie_voltage": self.tie_voltage}
 
+    def same_network(self, meta: dict | None) -> bool:
+        """Whether a file written with ``meta`` (its ``lava_plan``) holds this plan's network:
+        the tie-break is a way of reading the output, not part of the network."""
+        mine = self.to_meta()
+        return meta is not None and all(meta.get(k) == v for k, v in mine.items() if k != "tie_voltage")
+
     @classmethod
     def from_meta(cls, timesteps: int, meta: dict) -> "LavaPlan":
         return cls(int(timesteps), tuple(meta["lags"]), meta.get("input_bits"), bool(meta.get("voltage")),

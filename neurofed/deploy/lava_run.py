@@ -51,10 +51,15 @@ def compare(lava_stats: SpikeStats, torch_stats: SpikeStats, labels: np.ndarray)
 
 
 def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt", progress: bool = True,
-             quiet: bool = False, model_round: str | int = "last", workers: int | None = None) -> dict:
+             quiet: bool = False, model_round: str | int = "last", workers: int | None = None,
+             tie_break: str | None = None) -> dict:
     """Run ``samples`` test samples of ``run_dir``'s global model of ``model_round`` (best,
     last or a kept round's number) on Lava, in ``workers`` processes (default: the usable
     cores; :mod:`neurofed.deploy.lava_shards`); write ``lava.json``.
+
+    ``tie_break`` (``lowest_label`` or ``voltage``; default: the run's ``model.tie_break``)
+    is the rule for tied spike counts, applied alike to Lava's, torch's and the trained
+    model's predictions; the exported network is the same under both.
 
     Exports ``model.net`` first when the run has none, or one of another round.
     Returns the result dict.
@@ -64,7 +69,7 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
         raise DeployError(f"--samples: got {samples!r}; expected a positive integer")
     run_config(backend)  # fail before any work when the backend or the worker count is unusable
     workers = check_workers(workers, backend)
-    model, cfg, ds, rnd = load_global_model(run_dir, model_round=model_round)
+    model, cfg, ds, rnd = load_global_model(run_dir, model_round=model_round, tie_break=tie_break)
     check_encoding(cfg["data"])
     deployable = deployable_copy(model)  # what the chip runs: norms and an analog pool folded, 8-bit weights
     residual = has_residual_joins(deployable)
@@ -78,7 +83,7 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     else:
         net_path = run_dir / NET_FILE
         if (not net_path.exists() or not digest_file(net_path).exists() or read_net(net_path).get("round") != rnd
-                or read_net(net_path).get("lava_plan") != plan.to_meta()):
+                or not plan.same_network(read_net(net_path).get("lava_plan"))):
             export_run(run_dir, quiet=quiet, model_round=rnd)
         check_net_digest(net_path)
         read_net(net_path, deployable)
@@ -156,7 +161,8 @@ def agreement_head(r: dict) -> str:
     torch's on the same input spikes, and the prediction agreement."""
     on = describe_measured(r["accuracy_measured_on"]) if "accuracy_measured_on" in r else f"{r['samples']} samples"
     return (f"{on}: accuracy {r['accuracy']:.4f} (torch on the same input spikes {r['torch_accuracy']:.4f}), "
-            f"prediction agreement {r['agreement']:.4f}")
+            f"prediction agreement {r['agreement']:.4f}"
+            + ("; ties between spike counts broken by voltage" if r.get("tie_break") == "voltage" else ""))
 
 
 def raster_shares(r: dict) -> str:
