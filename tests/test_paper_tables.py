@@ -94,3 +94,31 @@ def test_a_sigterm_to_the_benchmark_stops_its_run_which_then_resumes(tmp_path):
     resumed = subprocess.run([sys.executable, "-m", "neurofed.cli", "run", "digits_fedavg", *more, "--out", str(out),
                               "--resume", "--quiet"], capture_output=True, text=True, timeout=600, env=env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]  # 2 with "another neurofed run" while the child lives
+
+
+def test_a_record_grown_one_method_at_a_time_keeps_every_method_in_its_table(bench, tmp_path, monkeypatch):
+    """Saving SFedCA alone into a record that holds FedSNN's row (its run folder gone) keeps
+    FedSNN's latest row of that seed in table.md beside SFedCA's fresh one."""
+    monkeypatch.setattr(bench, "ROOT", tmp_path)
+    monkeypatch.setattr(bench, "RESULTS", tmp_path / "records")
+    paper = bench.load_paper()
+
+    def folder(out, method, accuracies):
+        run = out / f"dir03-{method}"
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"round": i + 1, "accuracy": a, "trained": [0, 1]}) + "\n"
+                                                   for i, a in enumerate(accuracies)))
+
+    first, later = tmp_path / "first", tmp_path / "later"
+    folder(first, "fedsnn", [0.5, 0.92, 0.95])
+    folder(first, "sfedca", [0.6, 0.8])
+    folder(later, "sfedca", [0.6, 0.8, 0.91, 0.93])
+    args = ["--root", str(tmp_path), "--splits", "dir03", "--read", "--save", "--record", "r", "--seed", "4"]
+    assert bench.main([*args, "--out", str(first), "--methods", "fedsnn,sfedca"]) == 0
+    assert bench.main([*args, "--out", str(later), "--methods", "sfedca"]) == 0
+    rows = [l for l in (tmp_path / "records" / "r" / "table.md").read_text().splitlines() if l.startswith("| Dir(0.3)")]
+    assert len(rows) == 2 and "FedSNN" in rows[0] and "| 3 | 2 (99) |" in rows[0]  # carried, as recorded
+    assert "SFedCA" in rows[1] and "| 4 | 3 (55) |" in rows[1]  # the fresh read of the resumed run
+    assert "carried from the record" in (tmp_path / "records" / "r" / "table.md").read_text()
+    assert (tmp_path / "records" / "r" / "curves.png").stat().st_size > 0
+    assert paper["rounds_to_target"]["fedsnn"]["dir03"] == 99
