@@ -43,9 +43,13 @@ def datasets(path: Path) -> dict:
     import h5py
 
     out = {}
+
+    def keep(name, item):
+        if isinstance(item, h5py.Dataset):
+            out[name] = np.asarray(item[()])
+
     with h5py.File(path, "r") as h:
-        h.visit(lambda name: out.__setitem__(name, np.asarray(h[name][()])) if isinstance(h[name], h5py.Dataset)
-                else None)
+        h.visititems(keep)
     return out
 
 

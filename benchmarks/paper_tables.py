@@ -196,10 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = [done[c] for c in cells]
 
     header = machine_header("paper_tables", f"(runs {args.workers} at a time, {args.threads} thread(s) each)")
-    lines = [header, "", *table(rows, paper), "",
-             f"wall time {time.time() - start:.0f} s; figures from fewer than {paper['rounds']} rounds are not "
-             f"Table 2's (which is after {paper['rounds']})"]
-    print("\n".join(lines))
+    footer = (f"wall time {time.time() - start:.0f} s; figures from fewer than {paper['rounds']} rounds are not "
+              f"Table 2's (which is after {paper['rounds']})")
+    print("\n".join([header, "", *table(rows, paper), "", footer]))
     if args.save:
         results = RESULTS / args.record
         results.mkdir(parents=True, exist_ok=True)
@@ -209,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
                                      "sets": args.set or []}) + "\n")
         kept = recorded_rows(results / "results.jsonl", rows, args.seed)
         merged = sorted(rows + kept, key=lambda r: (list(paper["splits"]).index(r["split"]),
-                                                    list(METHODS).index(r["method"])))
+                                                    list(METHODS).index(r["method"]))) if kept else rows
+        lines = [header, "", *table(merged, paper), "", footer]
         if kept:
-            lines[2:2 + len(table(rows, paper))] = table(merged, paper)
             lines.append("carried from the record (their run folders not re-read): " + "; ".join(
                 f"{r['split']}/{r['method']} as recorded {r.get('recorded', '?')}" for r in kept))
         plot(merged, paper, results / "curves.png")
