@@ -115,6 +115,21 @@ def test_resume_may_change_the_device(tiny_cfg, tmp_path):
     assert config_differences(tiny_cfg(**{"federation.device": "cuda"}), tiny_cfg(**{"federation.device": "cpu"})) == []
 
 
+def test_resume_may_change_the_threads_and_says_so(tiny_cfg, tmp_path, capsys):
+    from neurofed.pipeline import run
+
+    threads = torch.get_num_threads()  # a run sets this process's threads; later tests keep theirs
+    try:
+        run(tiny_cfg(**{"federation.rounds": 1, "federation.threads": 1}), tmp_path, after=False)
+        capsys.readouterr()
+        run(tiny_cfg(**{"federation.rounds": 2, "federation.threads": 2}), tmp_path, after=False, resume=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert "--resume: federation.threads 1 -> 2; from round 2" in capsys.readouterr().err
+    rounds = [json.loads(line)["round"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == [1, 2]
+
+
 # ---------------------------------------------------------------- on a CUDA GPU
 RANDOM_DIGITS = "random_digits_8x8"
 

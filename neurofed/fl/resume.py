@@ -32,6 +32,7 @@ def comparable_config(cfg: dict) -> dict:
     c = json.loads(json.dumps(cfg))
     c["federation"].pop("rounds", None)
     c["federation"].pop("device", None)  # a run may resume on another machine's device
+    c["federation"].pop("threads", None)  # or with more cores: a resource, like the device (noted)
     c["federation"].pop("fast_kernels", None)  # same bits with or without (fast_gradients is compared)
     for section in ("export", "lava", "energy", "log"):
         c.pop(section, None)
@@ -102,6 +103,10 @@ def prepare_run_dir(out: Path, cfg: dict, resume: bool) -> dict | None:
         if diffs:
             raise RunDirError(f"--resume: {', '.join(diffs[:5])} differ from the config {out} was started with; "
                               f"resume with the same config (only federation.rounds may change)")
+        before, now = state["config"]["federation"].get("threads"), cfg["federation"].get("threads")
+        if before != now:  # oneDNN's reduction order follows the thread count
+            note(f"--resume: federation.threads {before} -> {now}; from round {int(state['round']) + 1} "
+                 f"the rounds may differ in the last float bits from a run kept at {before}")
         done, asked = int(state["round"]), cfg["federation"]["rounds"]
         if asked < done:
             raise RunDirError(f"federation.rounds: got {asked}; {out} has already completed {done} rounds "
