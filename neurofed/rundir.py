@@ -47,7 +47,7 @@ MODEL_BEST = "model_best.npz"
 # hold for each file, not only for the checkpoint.
 RUN_OUTPUTS = ("config.yaml", "partition.json", "metrics.jsonl", "summary.json", CHECKPOINT, LEGACY_CHECKPOINT,
                MODEL_BEST, MODEL_LAST, "class_coverage.json", "plots", "model.net", "model.net.sha256",
-               "hardware.json", "lava.json", "lava_layer_spikes.npy", "lava_neuron_spikes.npz", "model.nir",
+               "hardware.json", "lava.json", "lava_checks.jsonl", "lava_layer_spikes.npy", "lava_neuron_spikes.npz", "model.nir",
                "nir.json", "nir_*", "energy*")
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"

@@ -91,6 +91,11 @@ def test_lava_tie_break_flag_reads_a_run_trained_without_the_key_spike_for_spike
     for lowest, voltage, counts in zip(plain["predictions"], tied["predictions"], _output_counts(out, 12)):
         top = [k for k, c in enumerate(counts) if c == max(counts)]
         assert lowest == top[0] and voltage in top  # never a count overruled
+    # lava.json now holds the second check; the first one's figures are kept beside it
+    history = [json.loads(line) for line in (out / "lava_checks.jsonl").read_text().splitlines()]
+    assert [h["tie_break"] for h in history] == ["lowest_label", "voltage"]
+    assert [h["accuracy"] for h in history] == [plain["accuracy"], tied["accuracy"]]
+    assert all(h["checked"] and "predictions" not in h for h in history)
 
 
 def _output_counts(run_dir, n):

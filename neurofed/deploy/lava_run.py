@@ -24,7 +24,9 @@ from neurofed.deploy.lava_shards import check_workers, simulate_shards, usable_c
 from neurofed.deploy.lava_stream import BACKENDS, CONV_MODEL_ENV, conv_model, run_config, simulate  # noqa: F401
 from neurofed.seeds import describe_measured, measured_on, seed_for
 
-RESULT_FILE = "lava.json"
+RESULT_FILE = "lava.json"  # the latest check, whole
+HISTORY_FILE = "lava_checks.jsonl"  # every check's figures, one line each (lava.json is replaced)
+PER_SAMPLE_KEYS = ("layer_spikes", "predictions")  # lists as long as the samples: in lava.json only
 SPIKES_FILE = "lava_layer_spikes.npy"  # (samples, layers) spike counts
 NEURON_SPIKES_FILE = "lava_neuron_spikes.npz"  # layer<j>: each neuron's spikes over all samples, (C, H, W)
 
@@ -139,6 +141,10 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     # one key per line; long lists (per-sample counts) stay on theirs
     (run_dir / RESULT_FILE).write_text("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}"
                                                           for k, v in result.items()) + "\n}\n")
+    checked = {"checked": time.strftime("%Y-%m-%d %H:%M:%S"),
+               **{k: v for k, v in result.items() if k not in PER_SAMPLE_KEYS}}
+    with open(run_dir / HISTORY_FILE, "a") as history:
+        history.write(json.dumps(checked) + "\n")
     plot_lava(result, run_dir / "plots" / "lava_spikes.png")
     if not quiet:
         print(summary_line(result) + f" -> {run_dir / RESULT_FILE}")
