@@ -83,6 +83,8 @@ def read_run_config(run_dir: Path) -> dict:
     from neurofed.config import resolve, validate, yaml_load
 
     path = Path(run_dir) / "config.yaml"
+    if not Path(run_dir).is_dir():
+        raise RunFileError(f"{run_dir}: no such folder; expected the directory of a finished `neurofed run`")
     if not path.is_file():
         raise RunFileError(f"{run_dir}: no config.yaml; expected the directory of a finished `neurofed run`")
     try:

@@ -513,3 +513,16 @@ def test_a_bad_name_in_the_dvsgesture_layout_is_named(tmp_path, capsys, bad):
     line = refused_load(capsys, "dvsgesture", tmp_path, downsample=4)
     assert line.startswith(f"neurofed: error: {wrong}: not a DVS128 Gesture {'folder' if bad == 'folder' else 'sample'}"
                            f" name; expected DVSGesture/ibmGestureTrain/user<NN>_<lighting>/<label 0-10>.npy")
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_a_folder_or_device_given_as_a_yaml_file_is_named_for_what_it_is(capsys, tmp_path, command):
+    assert "is a folder; expected a YAML file" in refused(capsys, command, tmp_path)
+    if Path("/dev/null").exists():
+        assert "is not a regular file; expected a YAML file" in refused(capsys, command, "/dev/null")
+    assert "not found" in refused(capsys, command, tmp_path / "missing.yaml")
+
+
+def test_a_run_folder_that_does_not_exist_is_named_so(capsys, tmp_path):
+    for command in ("lava", "export", "energy"):
+        assert "no such folder" in refused(capsys, command, tmp_path / "missing")

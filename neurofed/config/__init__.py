@@ -299,13 +299,22 @@ def resolve(cfg: dict) -> dict:
     return out
 
 
+def check_yaml_file(path: Path, what: str) -> None:
+    """``path`` is a file to read: one line saying what it is instead (missing, a folder, a device)."""
+    if path.is_file():
+        return
+    if not path.exists():
+        raise ConfigError(f"{what} {str(path)!r} not found")
+    kind = "a folder" if path.is_dir() else "not a regular file"
+    raise ConfigError(f"{what} {str(path)!r} is {kind}; expected a YAML file")
+
+
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = (), data: dict | None = None) -> dict:
     """Load a YAML config (or a dict), apply ``KEY=VALUE`` overrides, fill defaults, validate."""
     cfg: dict = {}
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} not found")
+        check_yaml_file(path, "config file")
         if path.stat().st_size > MAX_CONFIG_BYTES:
             raise ConfigError(f"config file {str(path)!r}: {path.stat().st_size:,} bytes; a config holds at most "
                               f"{MAX_CONFIG_BYTES:,}")

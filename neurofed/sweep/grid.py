@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from neurofed.config import ConfigError, load_config, parse_override, set_dotted, yaml_load
+from neurofed.config import ConfigError, check_yaml_file, load_config, parse_override, set_dotted, yaml_load
 from neurofed.sweep.values import canon, fmt, point_id, short_names
 
 SWEEP_KEYS = ("name", "description", "base", "set", "grid", "zip", "seeds", "target_accuracy", "plots")
@@ -110,8 +110,7 @@ def _mapping(value, where: str, problems: list[str]) -> dict:
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check a sweep file (not yet the configs; see :func:`point_configs`)."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"sweep file {str(path)!r} not found")
+    check_yaml_file(path, "sweep file")
     try:
         raw = yaml_load(path.read_text(), f"sweep file {str(path)!r}") or {}  # a key given twice is refused, not silently dropped
     except yaml.YAMLError as exc:
