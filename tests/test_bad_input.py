@@ -526,3 +526,13 @@ def test_a_folder_or_device_given_as_a_yaml_file_is_named_for_what_it_is(capsys,
 def test_a_run_folder_that_does_not_exist_is_named_so(capsys, tmp_path):
     for command in ("lava", "export", "energy"):
         assert "no such folder" in refused(capsys, command, tmp_path / "missing")
+
+
+@pytest.mark.parametrize("name", ["mnist", "cifar10", "nmnist"])
+def test_a_data_root_that_is_a_file_is_named_a_file(capsys, tmp_path, name):
+    root = tmp_path / "train-images-idx3-ubyte"
+    root.write_bytes(b"\0\0\x08\x03")
+    extra = ["--set", "data.encoding=events"] if name == "nmnist" else []
+    line = refused(capsys, "run", EXAMPLE, "--out", tmp_path / "run", "--quiet", "--set", f"data.name={name}",
+                   "--set", f"data.root={root}", *extra)
+    assert f"{name}: data.root='{root}' is a file; expected the folder holding" in line

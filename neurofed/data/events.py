@@ -136,6 +136,9 @@ class _LocalSet:
                 f"set data.root to the folder holding {self.layout}"
             )
         root = Path(root).expanduser()
+        if root.exists() and not root.is_dir():
+            raise FileNotFoundError(f"{self.name}: data.root={str(root)!r} is a file; expected the folder holding "
+                                    f"{self.layout}")
         if not (root / self.tonic_class).is_dir() and root.name == self.tonic_class:
             root = root.parent  # data.root is the data set folder itself
         return root, root / self.tonic_class

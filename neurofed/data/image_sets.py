@@ -71,6 +71,9 @@ class ImageSet:
                 f"set data.root to the folder holding {self.layout}"
             )
         root = Path(root).expanduser()
+        if root.exists() and not root.is_dir():
+            raise DataFileError(f"{self.name}: data.root={str(root)!r} is a file; expected the folder holding "
+                                f"{self.layout}")
         partial = None
         for rel, folder in self.candidates(root):
             found = rel.lookup(folder)
