@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine_header  # noqa: E402
+from common import machine_header, with_one_line_errors  # noqa: E402
 
 
 def pooled_copy(model, cfg: dict, dataset):
@@ -88,4 +88,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(with_one_line_errors(main))

@@ -3,12 +3,39 @@ report that prints each line and, with ``--save``, writes them to benchmarks/res
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import platform
+import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def at_least(minimum: int):
+    """An argparse type: an integer >= ``minimum`` (rounds, samples, epochs, threads)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"got {text!r}; expected an integer >= {minimum}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"got {value}; expected an integer >= {minimum}")
+        return value
+    return parse
+
+
+def with_one_line_errors(main) -> int:
+    """``main()``, with neurofed's input errors (a run folder, a preset, a data file) said in one
+    line and exit status 2, as the ``neurofed`` commands say them, instead of a traceback."""
+    from neurofed.config import ConfigError
+
+    try:
+        return main()
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"{os.path.basename(sys.argv[0])}: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
 
 
 def machine_header(name: str, load_note: str = "") -> str:

@@ -39,7 +39,7 @@ for p in (ROOT, os.path.dirname(os.path.abspath(__file__))):
 
 import numpy as np  # noqa: E402
 
-from common import Report, machine_header  # noqa: E402
+from common import Report, machine_header, with_one_line_errors  # noqa: E402
 
 MB = 1e6
 TRAIN, TEST, PIXELS = 50_000, 10_000, 3 * 32 * 32
@@ -223,4 +223,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(with_one_line_errors(main))

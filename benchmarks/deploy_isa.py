@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine_header  # noqa: E402
+from common import at_least, machine_header, with_one_line_errors  # noqa: E402
 
 _AVX512 = "AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL"
 LIMITS = {  # what each library may use: a CPU of that class
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--isa", required=True, choices=sorted(LIMITS))
-    p.add_argument("--samples", type=int, default=100)
+    p.add_argument("--samples", type=at_least(1), default=100)
     p.add_argument("--tie-break", default=None, choices=("lowest_label", "voltage"))
     args = p.parse_args(argv)
     native = args.run_dir / "lava.json"
@@ -99,4 +99,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(with_one_line_errors(main))

@@ -19,7 +19,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine_header  # noqa: E402
+from common import at_least, machine_header, with_one_line_errors  # noqa: E402
 
 
 def scores(logits: torch.Tensor, y: torch.Tensor) -> dict:
@@ -40,9 +40,9 @@ def scores(logits: torch.Tensor, y: torch.Tensor) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir")
-    p.add_argument("--samples", type=int, default=10000, help="images of each set scored (the first ones)")
+    p.add_argument("--samples", type=at_least(1), default=10000, help="images of each set scored (the first ones)")
     p.add_argument("--round", default="last", help="best, last or a kept round's number")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=at_least(1), default=1)
     p.add_argument("--all-test", action="store_true",
                    help="score the data set's whole test split, not the run's data.test_subset slice")
     args = p.parse_args(argv)
@@ -83,4 +83,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(with_one_line_errors(main))

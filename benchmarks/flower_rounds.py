@@ -56,7 +56,7 @@ for p in (str(ROOT), str(ROOT / "benchmarks")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from common import Report, machine_header  # noqa: E402
+from common import Report, machine_header, with_one_line_errors  # noqa: E402
 
 EXAMPLE = "examples/digits_fedavg.yaml"
 SIMULATE = """
@@ -297,4 +297,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(with_one_line_errors(main))

@@ -62,7 +62,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from common import Report as _Report, machine_header  # noqa: E402
+from common import Report as _Report, machine_header, with_one_line_errors  # noqa: E402
 
 
 class Report(_Report):
@@ -499,4 +499,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(with_one_line_errors(main))

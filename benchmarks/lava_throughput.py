@@ -39,7 +39,7 @@ for p in (ROOT, ROOT / "benchmarks"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from common import Report, machine_header  # noqa: E402
+from common import Report, machine_header, with_one_line_errors  # noqa: E402
 
 
 def _cpu_s() -> float:
@@ -154,4 +154,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(with_one_line_errors(main))

@@ -45,7 +45,7 @@ for p in (ROOT, os.path.dirname(os.path.abspath(__file__))):
 
 import torch  # noqa: E402
 
-from common import Report, machine_header  # noqa: E402
+from common import Report, machine_header, with_one_line_errors  # noqa: E402
 
 PRESET = os.path.join(ROOT, "examples", "papers", "sfedca_mnist_dir03.yaml")
 
@@ -180,4 +180,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(with_one_line_errors(main))

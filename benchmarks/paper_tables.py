@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine_header, run_rounds, run_to, stop_runs_with_the_benchmark  # noqa: E402
+from common import at_least, machine_header, run_rounds, run_to, stop_runs_with_the_benchmark, with_one_line_errors  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "benchmarks" / "data" / "sfedca_tables_mnist.yaml"
@@ -162,14 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", required=True, help="folder with the publisher's MNIST files")
     p.add_argument("--out", required=True, help="folder for the runs (reused and resumed)")
-    p.add_argument("--rounds", type=int, default=paper["rounds"], help="rounds per run (the paper: 300)")
+    p.add_argument("--rounds", type=at_least(1), default=paper["rounds"], help="rounds per run (the paper: 300)")
     p.add_argument("--splits", default=",".join(paper["splits"]), help=f"of {','.join(paper['splits'])}")
     p.add_argument("--methods", default=",".join(PAPER_ROWS),
                    help=f"of {','.join(METHODS)} (default: the paper's rows, {','.join(PAPER_ROWS)})")
-    p.add_argument("--test", type=int, default=None, help="test images (default: all 10,000)")
-    p.add_argument("--workers", type=int, default=1, help="runs at a time")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--test", type=at_least(1), default=None, help="test images (default: all 10,000)")
+    p.add_argument("--workers", type=at_least(1), default=1, help="runs at a time")
+    p.add_argument("--threads", type=at_least(1), default=1, help="torch threads per run")
+    p.add_argument("--seed", type=at_least(0), default=0)
     p.add_argument("--set", action="append", help="a further --set for every run (say it in the record)")
     p.add_argument("--read", action="store_true", help="read the runs in --out as they stand (stopped early: "
                                                         "the table says how many rounds each ran); run nothing")
@@ -234,4 +234,4 @@ def recorded_rows(path: Path, rows: list[dict], seed: int) -> list[dict]:
 
 if __name__ == "__main__":
     stop_runs_with_the_benchmark()
-    sys.exit(main())
+    sys.exit(with_one_line_errors(main))

@@ -49,7 +49,7 @@ for p in (ROOT, os.path.dirname(os.path.abspath(__file__))):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from common import Report, machine_header  # noqa: E402
+from common import Report, machine_header, with_one_line_errors  # noqa: E402
 
 EXAMPLE = os.path.join(ROOT, "examples", "digits_fedavg.yaml")
 
@@ -331,4 +331,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(with_one_line_errors(main))

@@ -48,7 +48,7 @@ for p in (ROOT, os.path.dirname(os.path.abspath(__file__))):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from common import Report, machine_header  # noqa: E402
+from common import Report, machine_header, with_one_line_errors  # noqa: E402
 
 NEURON = dict(threshold=1.25, current_decay=0.25, voltage_decay=0.03, tau_grad=0.1, scale_grad=1.0,
               requires_grad=False)
@@ -397,4 +397,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(with_one_line_errors(main))

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, machine_header, run_rounds, run_to, stop_runs_with_the_benchmark  # noqa: E402
+from common import at_least, ROOT, machine_header, run_rounds, run_to, stop_runs_with_the_benchmark, with_one_line_errors  # noqa: E402
 
 RESULTS = Path(ROOT) / "benchmarks" / "results" / "twin_curves"
 CENTRAL = ["partition.scheme=iid", "partition.num_clients=1", "federation.clients_per_round=1",
@@ -40,11 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="sfedca_mnist_dir03")
     p.add_argument("--root", default=None, help="the data set's files (the preset's data.root)")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=at_least(1), default=3)
     p.add_argument("--out", required=True, help="folder for the runs (reused and resumed)")
-    p.add_argument("--train", type=int, default=None, help="training images (default: all)")
-    p.add_argument("--test", type=int, default=None, help="test images (default: all)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--train", type=at_least(1), default=None, help="training images (default: all)")
+    p.add_argument("--test", type=at_least(1), default=None, help="test images (default: all)")
+    p.add_argument("--threads", type=at_least(1), default=1)
     p.add_argument("--arm", action="append", default=[], help="NAME=KEY=VALUE[,KEY=VALUE...]: a further pair")
     p.add_argument("--set", action="append", default=[], help="KEY=VALUE for every run (e.g. model.width=0.25)")
     p.add_argument("--arms-only", action="store_true",
@@ -217,4 +217,4 @@ def plot(rows: list[dict], path: Path) -> None:
 
 if __name__ == "__main__":
     stop_runs_with_the_benchmark()
-    sys.exit(main())
+    sys.exit(with_one_line_errors(main))
