@@ -23,6 +23,7 @@ import hashlib
 import io
 import json
 import os
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ MODEL_BEST = "model_best.npz"
 RUN_OUTPUTS = ("config.yaml", "partition.json", "metrics.jsonl", "summary.json", CHECKPOINT, LEGACY_CHECKPOINT,
                MODEL_BEST, MODEL_LAST, "class_coverage.json", "plots", "model.net", "model.net.sha256",
                "hardware.json", "lava.json", "lava_checks.jsonl", "lava_layer_spikes.npy", "lava_neuron_spikes.npz", "model.nir",
-               "nir.json", "nir_*", "energy*")
+               "nir.json", "nir_checks.jsonl", "nir_*", "energy*")
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 RUN_FILES = (METRICS, SUMMARY, CHECKPOINT, LEGACY_CHECKPOINT)  # any of them: a run was started here
@@ -56,6 +57,16 @@ RUN_FILES = (METRICS, SUMMARY, CHECKPOINT, LEGACY_CHECKPOINT)  # any of them: a 
 
 class RunFileError(ConfigError):
     """A run file cannot be read: one line naming the file and the problem."""
+
+
+def append_check(history: Path, result: dict, per_sample_keys: tuple[str, ...]) -> None:
+    """Append one check's figures (``result`` without its per-sample lists) to ``history``, a
+    JSON-lines file, with the time it ran: the result file a check writes holds only the
+    latest check, and a later one must not lose the figures of those before it."""
+    line = {"checked": time.strftime("%Y-%m-%d %H:%M:%S"),
+            **{k: v for k, v in result.items() if k not in per_sample_keys}}
+    with open(history, "a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")
 
 
 def run_outputs_in(run_dir: Path) -> list[str]:

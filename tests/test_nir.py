@@ -312,6 +312,12 @@ def test_cli_exports_nir_and_runs_both_simulators(tmp_path, tiny_cfg, capsys):
         line = nir_summary_line(r)
         assert "layer rasters" not in line and "first 4 of" in line and "draw 'lava'" in line
         assert "spikes differing from torch per layer " + ", ".join(f"{100 * a:.1f}%" for a in r["layer_spike_mismatch"]) in line
+    # a second check of one simulator replaces its entry; the history keeps both
+    assert main(["nir", str(out), "--samples", "2", "--sim", SIMS[0], "--quiet"]) == 0
+    assert json.loads((out / "nir.json").read_text())[SIMS[0]]["samples"] == 2
+    history = [json.loads(line) for line in (out / "nir_checks.jsonl").read_text().splitlines()]
+    assert [(h["sim"], h["samples"]) for h in history] == [*((sim, 4) for sim in SIMS), (SIMS[0], 2)]
+    assert all(h["checked"] and "predictions" not in h for h in history)
     capsys.readouterr()
     assert main(["nir", str(out), "--sim", "brian2"]) == 2
     assert "allowed: snntorch, norse" in capsys.readouterr().err

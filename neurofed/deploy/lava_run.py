@@ -22,6 +22,7 @@ from neurofed.deploy.lava_plan import fitting_input_bits
 from neurofed.deploy.lava_readout import MAX_BIAS_EXP, NETX_BIAS_EXP
 from neurofed.deploy.lava_shards import check_workers, simulate_shards, usable_cores
 from neurofed.deploy.lava_stream import BACKENDS, CONV_MODEL_ENV, conv_model, run_config, simulate  # noqa: F401
+from neurofed.rundir import append_check
 from neurofed.seeds import describe_measured, measured_on, seed_for
 
 RESULT_FILE = "lava.json"  # the latest check, whole
@@ -141,10 +142,7 @@ def run_lava(run_dir: str | Path, samples: int = 200, backend: str = "fixed_pt",
     # one key per line; long lists (per-sample counts) stay on theirs
     (run_dir / RESULT_FILE).write_text("{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}"
                                                           for k, v in result.items()) + "\n}\n")
-    checked = {"checked": time.strftime("%Y-%m-%d %H:%M:%S"),
-               **{k: v for k, v in result.items() if k not in PER_SAMPLE_KEYS}}
-    with open(run_dir / HISTORY_FILE, "a") as history:
-        history.write(json.dumps(checked) + "\n")
+    append_check(run_dir / HISTORY_FILE, result, PER_SAMPLE_KEYS)
     plot_lava(result, run_dir / "plots" / "lava_spikes.png")
     if not quiet:
         print(summary_line(result) + f" -> {run_dir / RESULT_FILE}")

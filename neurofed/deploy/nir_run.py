@@ -44,9 +44,12 @@ from neurofed.deploy.lava_shards import usable_cores
 from neurofed.deploy.nir_energy import energy_rows
 from neurofed.deploy.nir_export import NIR_FILE, export_nir_run, graph_meta, nir_model, node_names, read_nir
 from neurofed.deploy.nir_simulators import Simulator, _version, get_simulator
+from neurofed.rundir import append_check
 from neurofed.seeds import measured_on, seed_for
 
-RESULT_FILE = "nir.json"  # {simulator: result}
+RESULT_FILE = "nir.json"  # {simulator: its latest check}
+HISTORY_FILE = "nir_checks.jsonl"  # every check's figures, one line each, beside the result file
+PER_SAMPLE_KEYS = ("layer_spikes", "torch_layer_spikes", "predictions", "torch_predictions")
 ENCODINGS = ("rate", "events", "direct")
 
 
@@ -297,6 +300,7 @@ def run_nir(run_dir: str | Path, samples: int = 200, sim: str = "snntorch", prog
         result["note"] = f"asked for {samples} samples; the test set has {n}"
     dest = Path(out) if out else run_dir / RESULT_FILE
     write_result(dest, sim, result)
+    append_check(dest.parent / HISTORY_FILE, result, PER_SAMPLE_KEYS)
     plot_nir(result, run_dir / "plots" / f"nir_{sim}.png")
     if not quiet:
         print(summary_line(result) + f" -> {dest}")
