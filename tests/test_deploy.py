@@ -326,7 +326,7 @@ def test_run_exports_and_runs_on_lava_then_cli_reruns(tmp_path, tiny_cfg, capsys
     assert main(["lava", str(out), "--backend", "loihi2"]) == 2
     assert "lava-loihi" in capsys.readouterr().err
     assert main(["lava", str(tmp_path / "missing")]) == 2
-    assert "config.yaml" in capsys.readouterr().err
+    assert "missing: no such folder" in capsys.readouterr().err
 
 
 def test_fresh_copy_matches_the_model():
