@@ -27,14 +27,15 @@ def at_least(minimum: int):
 
 
 def with_one_line_errors(main) -> int:
-    """``main()``, with neurofed's input errors (a run folder, a preset, a data file) said in one
-    line and exit status 2, as the ``neurofed`` commands say them, instead of a traceback."""
-    from neurofed.config import ConfigError
+    """``main()``, with neurofed's input errors (a run folder, a preset, a data file) said one line
+    each with exit status 2, as the ``neurofed`` commands say them, instead of a traceback."""
+    from neurofed.cli import INPUT_ERRORS, error_lines
 
     try:
         return main()
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
-        print(f"{os.path.basename(sys.argv[0])}: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+    except INPUT_ERRORS as exc:
+        for line in error_lines(exc):
+            print(f"{os.path.basename(sys.argv[0])}: error: {line}", file=sys.stderr)
         return 2
 
 

@@ -32,7 +32,8 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import at_least, machine_header, run_rounds, run_to, stop_runs_with_the_benchmark, with_one_line_errors  # noqa: E402
+from common import (at_least, machine_header, run_rounds, run_to, stop_runs_with_the_benchmark,  # noqa: E402
+                    with_one_line_errors)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "benchmarks" / "data" / "sfedca_tables_mnist.yaml"

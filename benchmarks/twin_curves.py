@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import at_least, ROOT, machine_header, run_rounds, run_to, stop_runs_with_the_benchmark, with_one_line_errors  # noqa: E402
+from common import (ROOT, at_least, machine_header, run_rounds, run_to, stop_runs_with_the_benchmark,  # noqa: E402
+                    with_one_line_errors)
 
 RESULTS = Path(ROOT) / "benchmarks" / "results" / "twin_curves"
 CENTRAL = ["partition.scheme=iid", "partition.num_clients=1", "federation.clients_per_round=1",

@@ -114,19 +114,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# ValueError and FileNotFoundError: input problems found past config validation (data files, partitions)
+INPUT_ERRORS = (ConfigError, ValueError, FileNotFoundError)
+
+
+def error_lines(exc: Exception) -> list[str]:
+    """What a refusal says: every line of a ConfigError (one per problem), the first of any other."""
+    lines = str(exc).splitlines()
+    return lines if isinstance(exc, ConfigError) else (lines or [""])[:1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(verbose=args.verbose)
     try:
         return int(args.func(args) or 0)
-    except ConfigError as exc:
-        for line in str(exc).splitlines():
+    except INPUT_ERRORS as exc:
+        for line in error_lines(exc):
             print(f"neurofed: error: {line}", file=sys.stderr)
-        return 2
-    except (ValueError, FileNotFoundError) as exc:
-        # Input problems detected past config validation (data files, partitions).
-        print(f"neurofed: error: {exc}".splitlines()[0], file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("neurofed: interrupted; completed rounds are checkpointed (use --resume)", file=sys.stderr)

@@ -48,8 +48,8 @@ MODEL_BEST = "model_best.npz"
 # hold for each file, not only for the checkpoint.
 RUN_OUTPUTS = ("config.yaml", "partition.json", "metrics.jsonl", "summary.json", CHECKPOINT, LEGACY_CHECKPOINT,
                MODEL_BEST, MODEL_LAST, "class_coverage.json", "plots", "model.net", "model.net.sha256",
-               "hardware.json", "lava.json", "lava_checks.jsonl", "lava_layer_spikes.npy", "lava_neuron_spikes.npz", "model.nir",
-               "nir.json", "nir_checks.jsonl", "nir_*", "energy*")
+               "hardware.json", "lava.json", "lava_checks.jsonl", "lava_layer_spikes.npy", "lava_neuron_spikes.npz",
+               "model.nir", "nir.json", "nir_checks.jsonl", "nir_*", "energy*")
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 RUN_FILES = (METRICS, SUMMARY, CHECKPOINT, LEGACY_CHECKPOINT)  # any of them: a run was started here
@@ -93,8 +93,9 @@ def read_run_config(run_dir: Path) -> dict:
     config (a run directory may come from someone else); RunFileError naming the file."""
     from neurofed.config import resolve, validate, yaml_load
 
-    path = Path(run_dir) / "config.yaml"
-    if not Path(run_dir).is_dir():
+    run_dir = Path(run_dir)
+    path = run_dir / "config.yaml"
+    if not run_dir.is_dir():
         raise RunFileError(f"{run_dir}: no such folder; expected the directory of a finished `neurofed run`")
     if not path.is_file():
         raise RunFileError(f"{run_dir}: no config.yaml; expected the directory of a finished `neurofed run`")
