@@ -141,6 +141,8 @@ def run_coverage(run_dir: str | Path) -> tuple[str, dict]:
     import yaml
 
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such folder; expected a run directory written by `neurofed run`")
     for name in ("partition.json", "metrics.jsonl"):
         if not (run_dir / name).is_file():
             raise FileNotFoundError(f"{run_dir}: no {name}; expected a run directory written by `neurofed run`")
@@ -148,8 +150,12 @@ def run_coverage(run_dir: str | Path) -> tuple[str, dict]:
     history = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
     label = run_dir.name
     if (run_dir / "config.yaml").is_file():
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-        label = f"{cfg['algorithm']['name']} ({cfg['model'].get('kind', 'snn')}), {cfg['partition']['scheme']}"
+        try:
+            cfg = yaml.safe_load((run_dir / "config.yaml").read_text(errors="replace"))
+            label = f"{cfg['algorithm']['name']} ({cfg['model'].get('kind', 'snn')}), {cfg['partition']['scheme']}"
+        except (yaml.YAMLError, KeyError, TypeError, AttributeError):
+            pass  # a label only: a config the run did not write leaves the folder's name
+
     return label, class_coverage(history, counts)
 
 

@@ -397,6 +397,10 @@ def test_coverage_command(tmp_path, capsys):
     assert (tmp_path / "cov.png").is_file()
     assert "| run | 2 | 67 33 |" in capsys.readouterr().out
     assert main(["coverage", str(tmp_path / "missing"), "--out", str(tmp_path / "x.png")]) == 2
+    assert "missing: no such folder" in capsys.readouterr().err
+    (run / "config.yaml").write_text("- a list, not a run's config\n")  # a label only: the name stays
+    assert main(["coverage", str(run), "--out", str(tmp_path / "cov2.png")]) == 0
+    assert "| run | 2 | 67 33 |" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- runs
