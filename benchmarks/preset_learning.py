@@ -5,7 +5,9 @@ Same model, T, encoding, neuron, optimizer, algorithm, readout, pools and initia
 as the preset; reduced: clients (at most ``--clients``), clients per round (``--per-round``),
 rounds (``--rounds``), local epochs (at most ``--epochs``), training and test samples
 (``--train`` / ``--test``),
-and, for the wide nets only, the width (``--width``, said in the table). Per preset it
+and, for the wide nets only, the width (``--width``, said in the table) with, where a preset's
+Adam lr is set for its own width, the lr its net learns with at the narrower one (SCALE's
+``width_lr``, said in the table too). Per preset it
 records the test accuracy of every round against chance (1 / classes), the last
 round's firing rate per layer, the run's health record and its time, in
 ``benchmarks/results/preset_learning/results.jsonl``, and writes the table
@@ -58,9 +60,14 @@ SCALE = [
     # 100 classes: 5,000 samples, long local training; under Dir(0.05) each of 10 clients holds 20-64 labels
     ("fedlec_cifar100_*", {"clients": 10, "per_round": 2, "rounds": 10}),
     ("sfedca_*", {"clients": 5, "rounds": 10, "epochs": 5, "train": 600, "test": 300, "candidates": 3}),
-    ("sfedca_cifar10_*", {"train": 0, "epochs": 2, "rounds": 20}),  # AlexNet, Adam: every sample, short rounds
+    ("sfedca_cifar10_*", {"train": 0, "epochs": 2, "rounds": 20,  # AlexNet, Adam: every sample, short rounds
+                          # an Adam step moves every weight by about lr, so a unit's input by about
+                          # lr x its fan-in: the presets' 3e-4 is for width 1 (1e-3 collapsed there),
+                          # at a quarter of it the net learns with 1e-3 (3e-4: 69.8 % against 85.3
+                          # centrally; benchmarks/results/twin_curves/standins/, "At full width")
+                          "width_lr": 0.001}),
     ("sfedca_*_2shards", {"candidates": 5, "per_round": 4, "epochs": 2, "train": 0}),  # a client: 2 classes
-    ("sfedca_cifar10_2shards", {"rounds": 40}),  # SGD (the paper's): 20 rounds: 8 -> 21 %, rising
+    ("sfedca_cifar10_2shards", {"rounds": 40, "width_lr": None}),  # SGD (the paper's): 20 rounds: 8 -> 21 %, rising
     ("sfedhifi_*", {"clients": 4, "rounds": 6, "epochs": 2, "train": 600, "test": 300}),
     # ResNet-18 on every sample, about 50 s a round (CIFAR-100's 5,000: 170 s): one client a width
     # trains 21 steps a round (CIFAR-100: 78), and the authors' SGD (lr 0.1, momentum 0.9) leaves
@@ -78,7 +85,9 @@ def scale_for(preset: str, args) -> argparse.Namespace:
     for pattern, scale in SCALE:
         if fnmatch.fnmatchcase(preset, pattern):
             default.update(scale)
-    return argparse.Namespace(**{**vars(args), **{k: default.get(k) for k in SCALE_KEYS if getattr(args, k) is None}})
+    scaled = argparse.Namespace(**{**vars(args), **{k: default.get(k) for k in SCALE_KEYS if getattr(args, k) is None}})
+    scaled.width_lr = default.get("width_lr")  # the lr for the reduced width, where the preset's is for its own
+    return scaled
 
 
 def available(cfg: dict, args) -> int:
@@ -137,6 +146,11 @@ def overrides(cfg: dict, args) -> tuple[list[str], dict]:
     elif model["name"] in WIDE and model.get("width", 1.0) > args.width:
         over.append(f"model.width={args.width}")
         reduced["width"] = f"{model.get('width', 1.0)} -> {args.width}"
+        width_lr = getattr(args, "width_lr", None)
+        lr_set = any(o.startswith("federation.lr=") for o in args.set or [])
+        if width_lr is not None and width_lr != fed["lr"] and not lr_set:
+            over.append(f"federation.lr={width_lr}")
+            reduced["lr"] = f"{fed['lr']} -> {width_lr}"
     return over, reduced
 
 
@@ -187,8 +201,8 @@ def table(rows: list[dict], args, missing: list[str] = ()) -> str:
         f"`python benchmarks/preset_learning.py` on {cpu}, {os.cpu_count()} cores, table written "
         f"{time.strftime('%Y-%m-%d')} (each row's own command is in `results.jsonl`). Each preset's own model, T, "
         "encoding, neuron, optimizer, algorithm, readout, pools, surrogate and init; reduced as its row says "
-        "(clients, clients per round, rounds, local epochs, samples, the width of the wide nets, SFedCA's "
-        "candidates). Data: the "
+        "(clients, clients per round, rounds, local epochs, samples, the width of the wide nets and, for the "
+        "AlexNet's Adam, the lr at that width, SFedCA's candidates). Data: the "
         "STAND-INS made of the digits (`neurofed.data.standins`), not the papers' data: no figure here is a "
         "paper's number. 'learns': the best round at least 2.5x chance and 10 points above it, the last "
         "round above the first.",

@@ -337,3 +337,30 @@ def test_the_learning_benchmarks_reduced_scale_is_a_valid_config_for_every_prese
         assert fed["rounds"] == scale.rounds and reduced["rounds"].endswith(str(scale.rounds)), preset.stem
         if fed["clients_per_round"] != cfg["federation"]["clients_per_round"]:
             assert "per_round" in reduced, preset.stem
+        if fed["lr"] != cfg["federation"]["lr"]:
+            assert reduced.get("lr") == f"{cfg['federation']['lr']} -> {fed['lr']}", preset.stem
+
+
+def test_the_learning_benchmark_sets_the_alexnets_adam_lr_only_where_it_narrows_the_net(monkeypatch):
+    """The AlexNet presets' Adam lr is for their own width: preset_learning sets the lr its
+    net learns with at the narrower width only when it narrows it, never for the SGD preset,
+    and a --set federation.lr of the caller's wins."""
+    import argparse
+
+    monkeypatch.syspath_prepend(str(PAPERS.parents[1] / "benchmarks"))
+    import preset_learning
+
+    def lr_of(stem, **flags):
+        args = argparse.Namespace(**{k: None for k in preset_learning.SCALE_KEYS}, root=None, set=None, threads=1)
+        for k, v in flags.items():
+            setattr(args, k, v)
+        cfg = load_config(PAPERS / f"{stem}.yaml", overrides=["data.root=/nonexistent"])
+        over, reduced = preset_learning.overrides(cfg, preset_learning.scale_for(stem, args))
+        return load_config(PAPERS / f"{stem}.yaml", overrides=over)["federation"]["lr"], cfg["federation"]["lr"], reduced
+
+    narrowed, own, reduced = lr_of("sfedca_cifar10_dir03")
+    assert narrowed != own and reduced["width"].endswith("0.25") and "lr" in reduced
+    assert lr_of("sfedca_cifar10_dir03", width=1.0)[0] == own  # not narrowed: the preset's lr
+    assert lr_of("sfedca_cifar10_dir03", set=["federation.lr=0.002"])[0] == 0.002
+    sgd, sgd_own, sgd_reduced = lr_of("sfedca_cifar10_2shards")
+    assert sgd == sgd_own and "lr" not in sgd_reduced
