@@ -140,9 +140,9 @@ def run_coverage(run_dir: str | Path) -> tuple[str, dict]:
 
     import yaml
 
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"{run_dir}: no such folder; expected a run directory written by `neurofed run`")
+    from neurofed.rundir import require_run_folder
+
+    run_dir = require_run_folder(run_dir)
     for name in ("partition.json", "metrics.jsonl"):
         if not (run_dir / name).is_file():
             raise FileNotFoundError(f"{run_dir}: no {name}; expected a run directory written by `neurofed run`")
@@ -155,7 +155,6 @@ def run_coverage(run_dir: str | Path) -> tuple[str, dict]:
             label = f"{cfg['algorithm']['name']} ({cfg['model'].get('kind', 'snn')}), {cfg['partition']['scheme']}"
         except (yaml.YAMLError, KeyError, TypeError, AttributeError):
             pass  # a label only: a config the run did not write leaves the folder's name
-
     return label, class_coverage(history, counts)
 
 

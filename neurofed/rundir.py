@@ -88,15 +88,22 @@ def check_out_dir(out: Path, flag: str = "--out") -> None:
             break
 
 
+def require_run_folder(run_dir: str | Path) -> Path:
+    """``run_dir`` as a Path, or a RunFileError when no such folder exists: said before any
+    file it should hold is asked for, so the user hears what is actually missing."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunFileError(f"{run_dir}: no such folder; expected the directory of a finished `neurofed run`")
+    return run_dir
+
+
 def read_run_config(run_dir: Path) -> dict:
     """``RUN_DIR/config.yaml`` as the run wrote it, defaults filled and validated like any
     config (a run directory may come from someone else); RunFileError naming the file."""
     from neurofed.config import resolve, validate, yaml_load
 
-    run_dir = Path(run_dir)
+    run_dir = require_run_folder(run_dir)
     path = run_dir / "config.yaml"
-    if not run_dir.is_dir():
-        raise RunFileError(f"{run_dir}: no such folder; expected the directory of a finished `neurofed run`")
     if not path.is_file():
         raise RunFileError(f"{run_dir}: no config.yaml; expected the directory of a finished `neurofed run`")
     try:

@@ -317,16 +317,22 @@ def test_a_silent_preset_is_reported(tmp_path):
     assert health["ok"] is False and health["silent_at_start"], health
 
 
+def _benchmark_flags(preset_learning, **flags):
+    """preset_learning's command line with no flag given but ``flags``."""
+    import argparse
+
+    return argparse.Namespace(**{**{k: None for k in preset_learning.SCALE_KEYS}, "root": None, "set": None,
+                                 "threads": 1, **flags})
+
+
 def test_the_learning_benchmarks_reduced_scale_is_a_valid_config_for_every_preset(monkeypatch):
     """benchmarks/preset_learning.py's SCALE patterns resolve, for every preset, to overrides
     the config validates (SFedCA's candidates between the clients per round and the clients),
     and every change of scale it makes is named in the row's 'reduced'."""
-    import argparse
-
     monkeypatch.syspath_prepend(str(PAPERS.parents[1] / "benchmarks"))  # undone after the test
     import preset_learning
 
-    flags = argparse.Namespace(**{k: None for k in preset_learning.SCALE_KEYS}, root=None, set=None, threads=1)
+    flags = _benchmark_flags(preset_learning)
     for preset in PRESETS:
         cfg = load_config(preset, overrides=["data.root=/nonexistent"])
         scale = preset_learning.scale_for(preset.stem, flags)
@@ -345,15 +351,11 @@ def test_the_learning_benchmark_sets_the_alexnets_adam_lr_only_where_it_narrows_
     """The AlexNet presets' Adam lr is for their own width: preset_learning sets the lr its
     net learns with at the narrower width only when it narrows it, never for the SGD preset,
     and a --set federation.lr of the caller's wins."""
-    import argparse
-
     monkeypatch.syspath_prepend(str(PAPERS.parents[1] / "benchmarks"))
     import preset_learning
 
     def lr_of(stem, **flags):
-        args = argparse.Namespace(**{k: None for k in preset_learning.SCALE_KEYS}, root=None, set=None, threads=1)
-        for k, v in flags.items():
-            setattr(args, k, v)
+        args = _benchmark_flags(preset_learning, **flags)
         cfg = load_config(PAPERS / f"{stem}.yaml", overrides=["data.root=/nonexistent"])
         over, reduced = preset_learning.overrides(cfg, preset_learning.scale_for(stem, args))
         return load_config(PAPERS / f"{stem}.yaml", overrides=over)["federation"]["lr"], cfg["federation"]["lr"], reduced
