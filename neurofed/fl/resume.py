@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import shutil
+import signal
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -76,6 +78,29 @@ def run_dir_lock(out: Path):
         yield
     finally:
         os.close(fd)
+
+
+_STOPPING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
+
+
+@contextmanager
+def signals_held(signums: tuple[int, ...] = _STOPPING_SIGNALS):
+    """Hold these signals while a round's files are written, then act on the first one
+    that came, as it would have acted: a kill between the round's line in metrics.jsonl
+    and its checkpoint left a folder that --resume refused. (Not SIGKILL: nothing can.)
+    Only the main thread may set handlers; elsewhere this holds nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    before = {s: signal.signal(s, lambda signum, _frame: came.append(signum)) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
+        if came:
+            signal.raise_signal(came[0])
 
 
 def prepare_run_dir(out: Path, cfg: dict, resume: bool) -> dict | None:

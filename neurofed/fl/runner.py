@@ -22,7 +22,7 @@ from neurofed.config import dump_config
 from neurofed.device import describe_device, device_line, resolve_device
 from neurofed.fl.experiment import Experiment
 from neurofed.fl.health import Health
-from neurofed.fl.resume import RunDirError, note, prepare_run_dir, remove_failed_start, run_dir_lock
+from neurofed.fl.resume import RunDirError, note, prepare_run_dir, remove_failed_start, run_dir_lock, signals_held
 from neurofed.fl.summary import RunFailedError, announce, summarize, write_plots
 from neurofed.logs import RUN_LOG, close_run_log, open_run_log
 from neurofed.rundir import CHECKPOINT, MODEL_BEST, MODEL_LAST, RunDir, check_out_dir, run_outputs_in
@@ -123,12 +123,13 @@ def _train(cfg: dict, out: Path, resume: bool, progress: bool, after: AfterTrain
         if privacy is not None:
             record["privacy"] = privacy
         model = exp.model_state(rnd, record["accuracy"])
-        if best is None or record["accuracy"] > best["accuracy"]:
-            best = model
-            run_dir.save(MODEL_BEST, best, "model")
-        run_dir.append_metrics(record)  # before the checkpoint: a resume drops a line past it
-        run_dir.save(CHECKPOINT, {**exp.checkpoint_state(rnd), "best": best}, "checkpoint")
-        run_dir.save(MODEL_LAST, model, "model")
+        with signals_held():  # the round's files are written whole, or not at all
+            if best is None or record["accuracy"] > best["accuracy"]:
+                best = model
+                run_dir.save(MODEL_BEST, best, "model")
+            run_dir.append_metrics(record)  # before the checkpoint: a resume drops a line past it
+            run_dir.save(CHECKPOINT, {**exp.checkpoint_state(rnd), "best": best}, "checkpoint")
+            run_dir.save(MODEL_LAST, model, "model")
         history.append(record)
         if tensorboard is not None:
             tensorboard.round(record)
