@@ -304,7 +304,6 @@ def test_resume_without_a_checkpoint_is_announced(tmp_path, capsys):
 
 def test_a_sigterm_while_a_round_is_written_waits_for_the_round_then_stops_the_run(tmp_path):
     # A SIGTERM between a round's metrics line and its checkpoint left a folder --resume refused.
-    import os
     import signal
     import subprocess
     import sys
@@ -316,6 +315,6 @@ def test_a_sigterm_while_a_round_is_written_waits_for_the_round_then_stops_the_r
              "    os.kill(os.getpid(), signal.SIGTERM)\n"
              "    (out / 'checkpoint.npz').write_text('')\n"
              "(out / 'after').write_text('')\n")
-    done = subprocess.run([sys.executable, "-c", child, str(tmp_path)], env={**os.environ}, timeout=120)
+    done = subprocess.run([sys.executable, "-c", child, str(tmp_path)], timeout=120)
     assert done.returncode == -signal.SIGTERM  # it still stops as SIGTERM stops it
     assert (tmp_path / "checkpoint.npz").exists() and not (tmp_path / "after").exists()
