@@ -154,6 +154,15 @@ def overrides(cfg: dict, args) -> tuple[list[str], dict]:
     return over, reduced
 
 
+def optimizer_label(preset: Path, over: list[str]) -> str:
+    """The optimizer and lr a row ran with: the preset's under the row's overrides (a --set
+    federation.lr, the narrowed width's lr)."""
+    from neurofed.config import load_config
+
+    fed = load_config(preset, overrides=["data.root=/nonexistent", *over])["federation"]
+    return f"{fed['optimizer']} lr {fed['lr']}"
+
+
 def run_one(preset: Path, args, tmp: Path) -> dict:
     from neurofed.config import load_config
 
@@ -170,8 +179,8 @@ def run_one(preset: Path, args, tmp: Path) -> dict:
         res = subprocess.CompletedProcess(cmd, 124, "", f"timed out after {args.timeout:.0f} s (--timeout)")
     wall = time.perf_counter() - t0
     row = {"preset": preset.stem, "dataset": cfg["data"]["name"], "model": cfg["model"]["name"],
-           "algorithm": cfg["algorithm"]["name"], "optimizer": f"{cfg['federation']['optimizer']} "
-           f"lr {cfg['federation']['lr']}", "T": cfg["data"]["timesteps"], "reduced": reduced, "wall_s": round(wall, 1),
+           "algorithm": cfg["algorithm"]["name"], "optimizer": optimizer_label(preset, over),
+           "T": cfg["data"]["timesteps"], "reduced": reduced, "wall_s": round(wall, 1),
            "exit": res.returncode}
     try:
         summary = json.loads((out / "summary.json").read_text())

@@ -98,18 +98,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def data_override(preset: str, root: str | None) -> str:
-    """``data.root=ROOT``, or the preset's stand-in data set when no files are given."""
+    """``data.root=ROOT``, or the preset's stand-in data set when no files are given (an
+    embedded data set, which needs none, as it is)."""
     if root:
         return f"data.root={root}"
     import yaml
 
+    from neurofed.data.catalog import EMBEDDED
     from neurofed.data.standins import standin_name
     from neurofed.presets import resolve
 
     name = yaml.safe_load(Path(resolve(preset)).read_text(encoding="utf-8"))["data"]["name"]
-    standin = standin_name(name)
+    standin = name if name in EMBEDDED else standin_name(name)
     if standin is None:
-        sys.exit(f"twin_curves: preset {preset!r} reads {name!r}, which has no stand-in; give its files with --root")
+        sys.exit(f"{Path(sys.argv[0]).name}: preset {preset!r} reads {name!r}, which has no stand-in; "
+                 "give its files with --root")
     return f"data.name={standin}"
 
 

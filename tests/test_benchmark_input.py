@@ -20,6 +20,9 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
     ("twin_curves.py", ["--preset", "no_such_preset", "--out", "{tmp}/out"], "'no_such_preset': no such config file"),
     ("twin_curves.py", ["--preset", "digits_fedavg", "--out", "{tmp}/out", "--epochs", "two"],
      "argument --epochs: got 'two'; expected an integer >= 1"),
+    ("first_steps.py", ["--steps", "0"], "argument --steps: got 0; expected an integer >= 1"),
+    ("first_steps.py", ["--preset", "no_such_preset"], "'no_such_preset': no such config file"),
+    ("first_steps.py", ["--set", "model.width=7"], "model.width: got 7; expected <= 1"),
 ])
 def test_a_benchmark_says_what_is_wrong_in_one_line(tmp_path, script, args, said):
     argv = [a.format(tmp=tmp_path) for a in args]

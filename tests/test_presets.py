@@ -364,5 +364,10 @@ def test_the_learning_benchmark_sets_the_alexnets_adam_lr_only_where_it_narrows_
     assert narrowed != own and reduced["width"].endswith("0.25") and "lr" in reduced
     assert lr_of("sfedca_cifar10_dir03", width=1.0)[0] == own  # not narrowed: the preset's lr
     assert lr_of("sfedca_cifar10_dir03", set=["federation.lr=0.002"])[0] == 0.002
+    for flags, label in [({}, "adam lr 0.001"), ({"set": ["federation.lr=0.002"]}, "adam lr 0.002")]:
+        args = _benchmark_flags(preset_learning, **flags)  # the row names the lr it ran with
+        cfg = load_config(PAPERS / "sfedca_cifar10_dir03.yaml", overrides=["data.root=/nonexistent"])
+        over, _ = preset_learning.overrides(cfg, preset_learning.scale_for("sfedca_cifar10_dir03", args))
+        assert preset_learning.optimizer_label(PAPERS / "sfedca_cifar10_dir03.yaml", over) == label
     sgd, sgd_own, sgd_reduced = lr_of("sfedca_cifar10_2shards")
     assert sgd == sgd_own and "lr" not in sgd_reduced

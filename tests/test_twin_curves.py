@@ -20,6 +20,7 @@ def bench(monkeypatch):
 def test_without_files_a_preset_trains_on_its_stand_in(bench):
     assert bench.data_override("sfedca_fashion_mnist_dir03", None) == "data.name=standin_fashion_mnist"
     assert bench.data_override("sfedca_mnist_dir03", "/data/mnist") == "data.root=/data/mnist"
+    assert bench.data_override("digits_fedavg", None) == "data.name=digits"  # embedded: needs no stand-in
 
 
 def test_the_table_reads_the_latest_pair_and_the_twins_lead(bench, tmp_path):

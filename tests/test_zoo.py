@@ -456,6 +456,30 @@ def test_the_twin_is_calibrated_only_when_asked_and_the_snn_ignores_ann_init():
     assert record and all(r["gain"] > 0 for r in record)
 
 
+def test_a_twin_reading_the_encoded_input_sees_the_snns_own_poisson_draws_averaged_over_t():
+    """model.ann_input: encoded gives the twin the very spikes its SNN reads (same encoding, same
+    generator), averaged over T by the twin's forward; image (the default) the normalized image."""
+    from neurofed.config import load_config
+    from neurofed.data.encoding import encode_for
+
+    sets = ["data.encoding=rate", "data.timesteps=16", "model.kind=ann"]
+    cfg = load_config("examples/digits_fedavg.yaml", [*sets, "model.ann_input=encoded"])
+    image_cfg = load_config("examples/digits_fedavg.yaml", sets)
+    snn_cfg = load_config("examples/digits_fedavg.yaml", sets[:2])
+    x = torch.randint(0, 17, (8, 1, 8, 8)).float()
+    twin, image_twin = build_model(cfg["model"], (1, 8, 8), 10), build_model(image_cfg["model"], (1, 8, 8), 10)
+    snn = build_model(snn_cfg["model"], (1, 8, 8), 10)
+    seen = encode_for(twin, x, cfg["data"], torch.Generator().manual_seed(3))
+    spikes = encode_for(snn, x, snn_cfg["data"], torch.Generator().manual_seed(3))
+    assert seen.shape == (8, 1, 8, 8, 16) and torch.equal(seen, spikes)
+    assert set(seen.unique().tolist()) <= {0.0, 1.0} and 0 < float(seen.mean()) < 1  # Bernoulli draws
+    image = encode_for(image_twin, x, image_cfg["data"], torch.Generator().manual_seed(3))
+    assert image.shape == (8, 1, 8, 8) and not torch.equal(image, seen.mean(-1))
+    twin.load_state_dict(image_twin.state_dict())
+    with torch.no_grad():  # the twin's logits are those of the spikes' time average
+        assert torch.allclose(twin(seen), image_twin(seen.mean(-1)))
+
+
 def test_model_choices_refused_in_one_line():
     from neurofed.config import ConfigError, load_config
 

@@ -21,6 +21,9 @@ _EVENT_SETS = {
 }
 
 
+EMBEDDED = ("digits", "digits_events")  # need no files: made from scikit-learn's digits
+
+
 def _digit_sizes(test_fraction: float) -> tuple[int, int]:
     """(train, test) sizes of scikit-learn's 1,797 digits split at ``test_fraction``."""
     n = 1797
@@ -73,7 +76,7 @@ def catalog(root=None, test_fraction: float = 0.25) -> list[dict]:
         if name in IMAGE_SETS:
             row = describe(IMAGE_SETS[name], root)
             row["shape"] = "x".join(map(str, row["shape"]))
-        elif name in ("digits", "digits_events"):
+        elif name in EMBEDDED:
             row = _embedded(name, test_fraction)
         elif name in STANDINS:
             row = describe_standin(name, *_digit_sizes(test_fraction))

@@ -63,8 +63,9 @@ def encode(x: torch.Tensor, encoding: str, timesteps: int, generator: torch.Gene
 
 
 def encode_for(model, x: torch.Tensor, data_cfg: dict, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Encode a batch for ``model``: SNNs get time-expanded input, the ANN twin the image."""
-    if getattr(model, "kind", "snn") == "ann":
+    """Encode a batch for ``model``: SNNs get time-expanded input, the ANN twin the image, or
+    under ``model.ann_input: encoded`` the SNN's own encoded input (the twin averages it over T)."""
+    if getattr(model, "kind", "snn") == "ann" and getattr(model, "input", "image") == "image":
         if data_cfg["encoding"] == "events":
             return x.float()
         return normalize(pixels(x), data_cfg.get("mean"), data_cfg.get("std"))

@@ -19,6 +19,7 @@ POOLS = ("sum", "max", "avg")  # neurofed.models.snn.pool_neuron
 NORMS = ("none", "batch", "bntt")  # neurofed.models.norm
 NORM_STATISTICS = ("running", "precise")  # neurofed.models.norm.precise_statistics
 GLOBAL_POOLS = ("spikes", "analog")  # neurofed.models.snn.AnalogGlobalPool
+ANN_INPUTS = ("image", "encoded")  # neurofed.data.encoding.encode_for
 
 
 def rate_band(v):
@@ -97,6 +98,10 @@ MODEL_DEFAULTS: dict = {
     # measured with) | lsuv (each layer rescaled on a training batch to unit output std, the
     # ANN form of init: firing): neurofed.models.init
     "ann_init": "torch",
+    # what the ANN twin reads: image (the normalized image, the default) | encoded (the time
+    # average of the input the SNN reads, the same encoding and draws: a rate-coded SNN's Poisson
+    # noise reaches its twin too, so the twin gap leaves out what the encoding loses)
+    "ann_input": "image",
     # slayer: SLAYER's backward (tau_grad, scale_grad; reset not differentiated); spikingjelly:
     # SpikingJelly's node, arctan surrogate of atan_alpha and the reset differentiated (SFedCA
     # Eq. 10; forward unchanged): neurofed.models.reset_gradient
@@ -166,6 +171,7 @@ register_section(Section("model", MODEL_DEFAULTS, lambda: {
     "model.norm_steps": number(1, integer=True, nullable=True),
     "model.init": choice(INIT_MODES),
     "model.ann_init": choice(ANN_INIT_MODES),
+    "model.ann_input": choice(ANN_INPUTS),
     "model.neuron_gradient": choice(NEURON_GRADIENTS),
     "model.atan_alpha": number(0, lo_open=True),
     "model.init_rates": rate_band,

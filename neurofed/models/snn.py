@@ -288,6 +288,7 @@ class AnnNet(nn.Module):
         # hidden layer's units (running statistics averaged by the server as the SNN's)
         # (BNTT's per-step γ has no step to act on here: the twin of a bntt SNN takes the plain norm)
         normed = model_cfg.get("norm", "none") != "none"
+        self.input = model_cfg.get("ann_input", "image")  # what encode_for gives it
         self.parts: list[list[nn.Module]] = []
         last = len(layers) - 1
         for i, layer in enumerate(layers):
