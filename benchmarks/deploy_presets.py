@@ -56,8 +56,8 @@ ROWS = {
     "fedsnn_cifar10_iid": ("stand-in CIFAR-10", [
         "data.name=standin_cifar10", "data.train_subset=400", "data.test_subset=200", "model.width=0.125",
         "partition.num_clients=2", "federation.clients_per_round=2", "federation.local_epochs=2",
-        "federation.rounds=5"], "width 1.0 -> 0.125, clients 100 -> 2, rounds 100 -> 5, "
-        "local epochs 5 -> 2, 400 train / 200 test; float weights, as the preset trains (its own run is its float "
+        "federation.rounds=5", "federation.lr=0.001"], "width 1.0 -> 0.125, clients 100 -> 2, rounds 100 -> 5, "
+        "local epochs 5 -> 2, 400 train / 200 test, Adam lr 3e-4 -> 1e-3 (the presets' is for width 1); float weights, as the preset trains (its own run is its float "
         "twin)"),
     "sfedhifi_fashion_mnist_iid": ("stand-in Fashion-MNIST", [
         "data.name=standin_fashion_mnist", "data.train_subset=600", "data.test_subset=200",
